@@ -1,0 +1,8 @@
+"""The library behind every lesson, lab and check of the course.
+
+One idea per module (see docs/architecture.md): `launch` starts ranks, `comm` records what they
+send, `models` holds the tiny models everyone shares, `viz` draws, and later modules build the
+algorithms (collectives, data/pipeline/tensor parallel) on top.
+"""
+
+__version__ = "0.1.0"

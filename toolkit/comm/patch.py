@@ -1,0 +1,274 @@
+"""Thin wrappers around `torch.distributed`'s communication functions, which feed the recorder.
+
+Every call made through the Python API (`dist.send`, `dist.all_reduce`, ..., by toolkit code,
+lesson code or a student's lab) passes through one wrapper. The wrapper does nothing but call the
+original unless a recording is active (`toolkit.comm.recording()`) or a launcher attached an
+in-flight board; then it notes the op, peer, bytes, dtype and times.
+
+Why patch both `torch.distributed` and `torch.distributed.distributed_c10d`: `dist.X` is a copy
+of `distributed_c10d.X` made at import, and torch's own helpers (`batch_isend_irecv`,
+`all_gather_object`, the `P2POp` check `op in [isend, irecv]`) look names up in
+`distributed_c10d`. Patching both keeps them consistent and counts every message once.
+
+Calls nested inside a recorded call (`all_gather_into_tensor` calls `all_gather_single`) are not
+recorded again: only the outermost call a user made counts.
+
+Not seen: traffic that never enters the Python API: torch DDP's C++ reducer, DTensor's
+functional collectives, NCCL calls from C++ extensions. Code that did
+``from torch.distributed import send`` *before* `toolkit.comm` was imported holds the unwrapped
+function; the launcher imports `toolkit.comm` before any user code runs in a rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from .events import Event, Trace
+from .inflight import InflightBoard
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """Where a function keeps its payload and its peer or root."""
+
+    payload: str | None
+    """Parameter holding the tensor (or list of tensors) this rank passes in."""
+    peer: str | None = None
+    """Parameter holding the peer or root as a global rank."""
+    group_peer: str | None = None
+    """Parameter holding the peer or root as a rank within `group` (newer torch)."""
+    always_async: bool = False
+
+
+SPECS: dict[str, _Spec] = {
+    "send": _Spec("tensor", "dst", "group_dst"),
+    "recv": _Spec("tensor", "src", "group_src"),
+    "isend": _Spec("tensor", "dst", "group_dst", always_async=True),
+    "irecv": _Spec("tensor", "src", "group_src", always_async=True),
+    "broadcast": _Spec("tensor", "src", "group_src"),
+    "all_reduce": _Spec("tensor"),
+    "all_reduce_coalesced": _Spec("tensors"),
+    "reduce": _Spec("tensor", "dst", "group_dst"),
+    "all_gather": _Spec("tensor"),
+    "all_gather_single": _Spec("input_tensor"),
+    "all_gather_into_tensor": _Spec("input_tensor"),
+    "all_gather_coalesced": _Spec("input_tensor_list"),
+    "gather": _Spec("tensor", "dst", "group_dst"),
+    "scatter": _Spec("scatter_list", "src", "group_src"),
+    "reduce_scatter": _Spec("input_list"),
+    "reduce_scatter_single": _Spec("input"),
+    "reduce_scatter_tensor": _Spec("input"),
+    "all_to_all_single": _Spec("input"),
+    "all_to_all": _Spec("input_tensor_list"),
+    "barrier": _Spec(None),
+    "monitored_barrier": _Spec(None),
+}
+
+
+class _ThreadState(threading.local):
+    depth = 0  # > 0 while inside a wrapped call on this thread
+
+
+_tls = _ThreadState()
+_sinks: list[Trace] = []        # active recordings in this process
+_caps: dict[int, int] = {}      # id(trace) -> max events it keeps
+_board: InflightBoard | None = None
+_rank: int | None = None         # set by the launcher; else asked of torch.distributed
+_seq = itertools.count()
+_originals: dict[str, Callable] = {}
+
+
+def _describe(payload: Any) -> tuple[int, str, tuple[int, ...]]:
+    """(bytes, dtype name, shape) of a tensor or a list of tensors."""
+    if isinstance(payload, torch.Tensor):
+        return (payload.numel() * payload.element_size(),
+                str(payload.dtype).removeprefix("torch."), tuple(payload.shape))
+    if isinstance(payload, (list, tuple)) and payload:
+        tensors = [t for t in payload if isinstance(t, torch.Tensor)]
+        if tensors:
+            first = tensors[0]
+            return (sum(t.numel() * t.element_size() for t in tensors),
+                    str(first.dtype).removeprefix("torch."), tuple(first.shape))
+    return 0, "", ()
+
+
+def _group_ranks(group: Any) -> tuple[int, ...] | None:
+    if group is None or group is c10d.GroupMember.WORLD:
+        return None
+    try:
+        return tuple(dist.get_process_group_ranks(group))
+    except Exception:  # a group this rank is not part of, or a destroyed one
+        return None
+
+
+def _add(ev: Event) -> None:
+    for trace in _sinks:
+        if len(trace.events) < _caps.get(id(trace), 0):
+            trace.events.append(ev)
+        else:
+            trace.dropped += 1
+
+
+class RecordedWork:
+    """Stands in for the `Work` handle of an async call, so that `wait()` ends its event.
+
+    Anything else is passed to the real handle (`is_completed`, `get_future`, ...).
+    """
+
+    __slots__ = ("_work", "_event", "_rank", "_seq", "_op", "_peer", "_nbytes", "_dtype")
+
+    def __init__(self, work: Any, event: Event | None, rank: int, seq: int, op: str,
+                 peer: int | None, nbytes: int, dtype: str) -> None:
+        self._work, self._event, self._rank, self._seq = work, event, rank, seq
+        self._op, self._peer, self._nbytes, self._dtype = op, peer, nbytes, dtype
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        board = _board
+        if board is not None:
+            board.post(self._rank, self._seq, self._op + ".wait", self._peer, self._nbytes, self._dtype)
+        try:
+            return self._work.wait(*args, **kwargs)
+        finally:
+            if self._event is not None and self._event.end is None:
+                self._event.end = time.time()
+            if board is not None:
+                board.done(self._rank)
+
+    def is_completed(self) -> bool:
+        done = self._work.is_completed()
+        if done and self._event is not None and self._event.end is None:
+            self._event.end = time.time()
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+    def __repr__(self) -> str:
+        return f"RecordedWork({self._op}, {self._work!r})"
+
+
+def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
+    params = list(inspect.signature(orig).parameters.values())
+    index = {p.name: i for i, p in enumerate(params)}
+    default = {p.name: (None if p.default is inspect.Parameter.empty else p.default) for p in params}
+
+    def arg(args: tuple, kwargs: dict, key: str | None) -> Any:
+        if key is None or key not in index:
+            return None
+        i = index[key]
+        return args[i] if i < len(args) else kwargs.get(key, default[key])
+
+    @functools.wraps(orig)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        board = _board
+        if _tls.depth or (board is None and not _sinks):
+            return orig(*args, **kwargs)
+
+        nbytes, dtype, shape = _describe(arg(args, kwargs, spec.payload))
+        group = arg(args, kwargs, "group")
+        peer = arg(args, kwargs, spec.peer)
+        if peer is None:
+            group_peer = arg(args, kwargs, spec.group_peer)
+            if group_peer is not None:
+                peer = dist.get_global_rank(group, group_peer) if group is not None else group_peer
+        rank = _rank if _rank is not None else dist.get_rank()
+        seq = next(_seq)
+        is_async = spec.always_async or bool(arg(args, kwargs, "async_op"))
+
+        if board is not None:
+            board.post(rank, seq, name, peer, nbytes, dtype)
+        start = time.time()
+        _tls.depth += 1
+        try:
+            out = orig(*args, **kwargs)
+        finally:
+            _tls.depth -= 1
+            if board is not None:
+                board.done(rank)
+        if name == "recv" and peer is None and isinstance(out, int):
+            peer = out  # received from any source: torch returns who sent it
+
+        event = None
+        if _sinks:
+            event = Event(rank, seq, name, peer, nbytes, dtype, shape, start,
+                          None if is_async else time.time(), _group_ranks(group), is_async)
+            _add(event)
+        if is_async and out is not None:
+            return RecordedWork(out, event, rank, seq, name, peer, nbytes, dtype)
+        return out
+
+    wrapper.__toolkit_wrapped__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def install() -> None:
+    """Wrap the communication functions of `torch.distributed` (idempotent)."""
+    for name, spec in SPECS.items():
+        orig = getattr(c10d, name, None)
+        if orig is None or getattr(orig, "__toolkit_wrapped__", False):
+            continue
+        wrapped = _make_wrapper(name, orig, spec)
+        _originals[name] = orig
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name, None) is orig:
+            setattr(dist, name, wrapped)
+
+
+def uninstall() -> None:
+    """Put the original functions back."""
+    for name, orig in _originals.items():
+        if getattr(dist, name, None) is getattr(c10d, name, None):
+            setattr(dist, name, orig)
+        setattr(c10d, name, orig)
+    _originals.clear()
+
+
+def is_installed() -> bool:
+    return bool(_originals)
+
+
+def original(name: str) -> Callable:
+    """The unwrapped `torch.distributed` function `name` (for measuring the wrapper itself)."""
+    return _originals.get(name) or getattr(c10d, name)
+
+
+def attach(rank: int, board: InflightBoard | None) -> None:
+    """Called by the launcher in a rank: who we are, and where to post in-flight calls."""
+    global _rank, _board
+    _rank, _board = rank, board
+
+
+def detach() -> None:
+    global _rank, _board
+    _rank, _board = None, None
+
+
+def start_recording(trace: Trace, max_events: int) -> None:
+    _caps[id(trace)] = max_events
+    _sinks.append(trace)
+
+
+def stop_recording(trace: Trace) -> None:
+    if trace in _sinks:
+        _sinks.remove(trace)
+    _caps.pop(id(trace), None)
+    trace.events.sort(key=lambda e: (e.start, e.rank, e.seq))
+
+
+def active_traces() -> list[Trace]:
+    return list(_sinks)
+
+
+def recording_cap(default: int = 200_000) -> int:
+    """The largest number of events an active recording keeps (what a rank should keep)."""
+    return max(_caps.values(), default=default)

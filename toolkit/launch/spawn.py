@@ -1,0 +1,599 @@
+"""`spawn`: start N ranks on this host, run a function on each, return what each returned.
+
+The parent side of a launch. Choices, and why:
+
+* **Start method.** ``fork`` (Linux, CPU): a child is a copy of the caller, so a function
+  defined in a notebook cell just works and 4 ranks start in about 0.1 s (importing torch in a
+  fresh interpreter costs ~1.5 s per rank on 2 cores). Fork is unsafe once CUDA is initialised,
+  so NCCL launches, a parent that has touched CUDA, and non-Linux hosts use ``spawn``: fresh
+  interpreters that receive the function pickled *by value* (cloudpickle), which also works for
+  functions defined in ``__main__`` or a notebook.
+* **Rendezvous.** The parent hosts the `TCPStore` on port 0 and keeps it for the whole launch:
+  the OS picks a free port and nobody else can take it between "found free" and "used", so
+  launches running at the same time never collide.
+* **Supervision.** One loop on the caller's thread reads every rank's stdout, stderr and
+  result pipe. The first failure stops all ranks at once; a hang stops them at the timeout and
+  says where each one was (in-flight board + a Python stack dump via faulthandler/SIGUSR1).
+* **Cleanup.** Each rank leads its own process group; at the end every group, and every
+  descendant found, gets SIGKILL and every rank is reaped, whatever happened.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from . import worker
+from .context import resolve_backend
+from .errors import RankError, SpawnTimeout
+from .output import OutputPump
+from .worker import RankSpec, read_frames
+
+START_METHODS = ("auto", "fork", "spawn")
+DEFAULT_TIMEOUT = 120.0
+"""Seconds a whole launch may take by default (start-up included)."""
+
+# Errors a rank reports *because another rank died*: shown only when nothing better is known.
+_KNOCK_ON = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+             "Timed out waiting", "communicator was aborted", "ECONNRESET", "EPIPE")
+_SETTLE = 1.0  # s to wait for the real cause after a knock-on error arrives first
+_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Forks and the closing of the parent's pipe ends happen under this lock, so that a launch
+# running on another thread cannot fork a copy of our pipes' write ends (no EOF otherwise).
+_FORK_LOCK = threading.Lock()
+
+
+def spawn(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "auto",
+    timeout: float = DEFAULT_TIMEOUT,
+    start_method: str = "auto",
+    seed: int | None = 0,
+    threads: int | None = None,
+    echo: bool = True,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on `world_size` new processes; return their results.
+
+    Each rank starts with the default process group initialised (``dist.get_rank()`` works) and
+    its device chosen (`toolkit.launch.device()`); the group is torn down after `fn` returns.
+    What ranks print appears here, each line prefixed ``[rank N]``.
+
+    Args:
+        fn: the worker; may be defined in a notebook cell or ``__main__``.
+        world_size: number of ranks (>= 1).
+        *args: extra arguments for every rank.
+        backend: ``"auto"`` (NCCL with one GPU per rank when there are enough GPUs, else gloo
+            on CPU), ``"gloo"`` or ``"nccl"``.
+        timeout: seconds for the whole launch; past it every rank is stopped and
+            `SpawnTimeout` says which ranks were still running and where.
+        start_method: ``"auto"`` (fork on Linux for gloo while CUDA is untouched, else spawn),
+            ``"fork"`` or ``"spawn"``.
+        seed: each rank seeds `random`, numpy and torch with ``seed + rank``; None leaves the
+            generators as they are (a forked rank then copies the caller's state).
+        threads: torch intra-op threads per rank; default 1 with fork, else cores / world_size.
+        echo: show what ranks print (capped at 1 MB per rank); False keeps it for errors only.
+        env: extra environment variables for the ranks (e.g. ``TORCH_DISTRIBUTED_DEBUG``).
+
+    Returns:
+        The return values in rank order. CUDA tensors come back on the CPU.
+
+    Raises:
+        RankError: a rank raised, died or returned something that cannot be pickled; the
+            message carries its rank and traceback, and the other ranks were stopped.
+        SpawnTimeout: the launch outlived `timeout`.
+        ValueError / TypeError: bad arguments, before any process starts.
+
+    Inside a `toolkit.comm.recording()` block every rank records its communication and the
+    block's trace receives all of it when the launch returns.
+    """
+    _check_arguments(fn, world_size, args, timeout, seed, threads, env)
+    chosen = resolve_backend(backend, world_size)
+    method = _choose_start_method(start_method, chosen)
+    traces = comm.active_traces()
+    if threads is None:
+        threads = 1 if method == "fork" else max(1, (os.cpu_count() or 1) // world_size)
+    launch = _Launch(fn, args, world_size, chosen, method, float(timeout), echo)
+    results, events = launch.run(
+        record=bool(traces), max_events=comm.patch.recording_cap(), seed=seed,
+        threads=threads, env=dict(env or {}))
+    for trace in traces:
+        trace.extend(events)
+    return results
+
+
+def _check_arguments(fn: Any, world_size: Any, args: tuple, timeout: Any, seed: Any,
+                     threads: Any, env: Any) -> None:
+    if not callable(fn):
+        raise TypeError(
+            f"spawn(fn, world_size, ...) needs a function fn(rank, world_size, *args) as its first "
+            f"argument; got {fn!r} of type {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"spawn(world_size=...) must be an int, got {world_size!r}")
+    if world_size < 1:
+        raise ValueError(f"spawn(world_size=...) must be at least 1, got {world_size}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"spawn(timeout=...) must be a positive number of seconds, got {timeout!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"spawn(seed=...) must be an int or None, got {seed!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"spawn(threads=...) must be a positive int or None, got {threads!r}")
+    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in dict(env).items()):
+        raise TypeError("spawn(env=...) must map str to str, e.g. {'TORCH_DISTRIBUTED_DEBUG': 'DETAIL'}")
+    try:
+        inspect.signature(fn).bind(0, world_size, *args)
+    except TypeError as exc:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise TypeError(
+            f"spawn calls fn(rank, world_size, *args), i.e. {name} with {2 + len(args)} positional "
+            f"arguments, but {name}{inspect.signature(fn)} does not accept that: {exc}") from None
+    except ValueError:
+        pass  # no signature available (some builtins): let the rank find out
+
+
+def _choose_start_method(start_method: str, backend: str) -> str:
+    if start_method not in START_METHODS:
+        raise ValueError(f"spawn(start_method={start_method!r}): use one of {', '.join(map(repr, START_METHODS))}")
+    cuda_live = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if start_method == "fork":
+        if backend == "nccl" or cuda_live:
+            raise ValueError(
+                "spawn(start_method='fork') is unsafe with CUDA (NCCL backend, or CUDA already "
+                "initialised in this process): use start_method='spawn' or 'auto'")
+        if not hasattr(os, "fork"):
+            raise ValueError("this platform has no fork(); use start_method='spawn' or 'auto'")
+        return "fork"
+    if start_method == "spawn":
+        return "spawn"
+    if sys.platform.startswith("linux") and backend == "gloo" and not cuda_live:
+        return "fork"
+    return "spawn"
+
+
+class _Rank:
+    """The parent's view of one rank: its process, pipes and outcome."""
+
+    def __init__(self, rank: int, pid: int, fds: dict[str, int], popen: subprocess.Popen | None = None):
+        self.rank, self.pid, self.fds, self.popen = rank, pid, fds, popen
+        self.buf = bytearray()
+        self.outcome: tuple | None = None   # ("ok", value, events, dropped) | ("error", info, events) | ("died", code)
+        self.seen_at: float = 0.0           # time.time() the outcome was known
+        self.reaped = False
+
+    def exit_code(self) -> int | None:
+        """The exit code (negative: killed by that signal) if the process ended, without reaping."""
+        if self.reaped:
+            return self.popen.returncode if self.popen else None
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return None
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+class _Launch:
+    def __init__(self, fn: Callable, args: tuple, world_size: int, backend: str, method: str,
+                 timeout: float, echo: bool) -> None:
+        self.fn, self.args, self.world_size = fn, args, world_size
+        self.backend, self.method, self.timeout = backend, method, timeout
+        self.pump = OutputPump(world_size, echo=echo)
+        self.ranks: list[_Rank] = []
+
+    # -- the launch as a whole ---------------------------------------------------------------
+    def run(self, *, record: bool, max_events: int, seed: int | None, threads: int,
+            env: dict[str, str]) -> tuple[list[Any], list[comm.Event]]:
+        blob = None
+        if self.method == "spawn":
+            blob = _pickle_work(self.fn, self.args)
+        deadline = time.monotonic() + self.timeout
+        # The store outlives the launch's deadline a little, so the parent's timeout fires first.
+        store_timeout = datetime.timedelta(seconds=self.timeout + 30)
+        store = dist.TCPStore("127.0.0.1", 0, None, True, store_timeout, wait_for_workers=False)
+        with tempfile.TemporaryDirectory(prefix="toolkit-launch-") as workdir:
+            board = comm.InflightBoard(worker.board_path(workdir), self.world_size, create=True)
+            spec = RankSpec(rank=0, world_size=self.world_size, backend=self.backend,
+                            store_port=store.port, store_host="127.0.0.1",
+                            pg_timeout=self.timeout + 15, record=record, max_events=max_events,
+                            workdir=workdir, seed=seed, threads=threads, env=env,
+                            parent_pid=os.getpid())
+            try:
+                self._start_all(spec, blob, workdir)
+                self._supervise(deadline, board)
+            finally:
+                self._stop_all()
+                self.pump.flush()
+                board.close()
+        del store
+        return self._results()
+
+    def _results(self) -> tuple[list[Any], list[comm.Event]]:
+        failed = [r for r in self.ranks if r.outcome is None or r.outcome[0] != "ok"]
+        events = [comm.Event.from_tuple(t) for r in self.ranks if r.outcome and r.outcome[0] != "died"
+                  for t in r.outcome[2]]
+        if failed:
+            raise self._failure_error(failed)
+        return [r.outcome[1] for r in self.ranks], events
+
+    # -- starting ------------------------------------------------------------------------------
+    def _start_all(self, spec: RankSpec, blob: bytes | None, workdir: str) -> None:
+        payload = None
+        if blob is not None:
+            import cloudpickle
+
+            payload = os.path.join(workdir, "payload.pkl")
+            with open(payload, "wb") as f:
+                cloudpickle.dump(([p for p in sys.path if p], spec, blob), f)
+        for rank in range(self.world_size):
+            if payload is None:
+                self.ranks.append(self._fork(replace(spec, rank=rank)))
+            else:
+                self.ranks.append(self._popen(rank, payload))
+
+    def _fork(self, spec: RankSpec) -> _Rank:
+        for f in (sys.stdout, sys.stderr):  # or the child would print the parent's buffer again
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
+        with _FORK_LOCK:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            res_r, res_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the rank; never returns into the caller's code
+                try:
+                    os.setpgid(0, 0)
+                    os.dup2(out_w, 1)
+                    os.dup2(err_w, 2)
+                    for fd in (out_r, err_r, res_r, out_w, err_w):
+                        os.close(fd)
+                    worker.run_rank(spec, self.fn, self.args, res_w)
+                finally:
+                    os._exit(1)
+            for fd in (out_w, err_w, res_w):
+                os.close(fd)
+        try:
+            os.setpgid(pid, pid)  # also from here, so the group exists whoever runs first
+        except OSError:
+            pass
+        return _Rank(spec.rank, pid, {"out": out_r, "err": err_r, "res": res_r})
+
+    def _popen(self, rank: int, payload: str) -> _Rank:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_ROOT, env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        code = "import sys; from toolkit.launch.worker import main; main(sys.argv[1:])"
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+        with _FORK_LOCK:
+            res_r, res_w = os.pipe()
+            try:
+                p = subprocess.Popen(
+                    [sys.executable, "-c", code, payload, str(rank), str(res_w)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    pass_fds=(res_w,), env=env, cwd=os.getcwd(), **group)
+            finally:
+                os.close(res_w)
+        fds = {"out": p.stdout.fileno(), "err": p.stderr.fileno(), "res": res_r}
+        return _Rank(rank, p.pid, fds, popen=p)
+
+    # -- watching ------------------------------------------------------------------------------
+    def _supervise(self, deadline: float, board: comm.InflightBoard) -> None:
+        sel = selectors.DefaultSelector()
+        for r in self.ranks:
+            for stream, fd in r.fds.items():
+                sel.register(fd, selectors.EVENT_READ, (r, stream))
+        first_knock_on: float | None = None
+        try:
+            while any(r.outcome is None for r in self.ranks):
+                now = time.monotonic()
+                if now >= deadline:
+                    self._read_ready(sel, 0)
+                    raise self._timeout_error(board)
+                self._read_ready(sel, min(0.05, deadline - now))
+                self._check_exits(sel)
+                failures = [r for r in self.ranks if r.outcome and r.outcome[0] != "ok"]
+                if any(_is_cause(r) for r in failures):
+                    break
+                if failures:
+                    first_knock_on = first_knock_on or time.monotonic()
+                    if time.monotonic() - first_knock_on > _SETTLE:
+                        break
+            self._read_ready(sel, 0)  # output printed just before a failure
+        finally:
+            sel.close()
+
+    def _read_ready(self, sel: selectors.BaseSelector, wait: float) -> None:
+        while True:
+            ready = sel.select(wait)
+            if not ready:
+                return
+            for key, _ in ready:
+                rank, stream = key.data
+                try:
+                    data = os.read(key.fd, 1 << 16)
+                except OSError:
+                    data = b""
+                if not data:
+                    sel.unregister(key.fd)
+                    self._close_fd(rank, stream)
+                elif stream == "res":
+                    rank.buf += data
+                    for frame in read_frames(rank.buf):
+                        self._on_frame(rank, frame)
+                else:
+                    self.pump.feed(rank.rank, stream, data)
+            if wait == 0:
+                continue  # drain everything that is ready now
+            return
+
+    def _on_frame(self, rank: _Rank, frame: bytes) -> None:
+        import cloudpickle
+
+        try:
+            outcome = cloudpickle.loads(frame)
+        except Exception as exc:  # noqa: BLE001 - e.g. a class the parent cannot import
+            info = {"kind": "result", "exc_type": type(exc).__name__, "message": str(exc),
+                    "traceback": "", "exception": None, "time": time.time()}
+            outcome = ("error", info, [])
+        if rank.outcome is None:
+            rank.outcome, rank.seen_at = outcome, time.time()
+
+    def _check_exits(self, sel: selectors.BaseSelector) -> None:
+        for r in self.ranks:
+            if r.outcome is None and r.exit_code() is not None:
+                # It wrote its outcome before exiting, if it wrote one: it is in the pipe now.
+                self._read_ready(sel, 0)
+                if r.outcome is None:
+                    r.outcome, r.seen_at = ("died", r.exit_code()), time.time()
+
+    # -- stopping ------------------------------------------------------------------------------
+    def _stop_all(self) -> None:
+        """SIGKILL every rank's process group and every descendant found; reap; close pipes."""
+        found: list[psutil.Process] = []
+        for r in self.ranks:
+            try:
+                found += psutil.Process(r.pid).children(recursive=True)
+            except psutil.Error:
+                pass
+        for r in self.ranks:
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(r.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for p in found:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        for r in self.ranks:
+            self._reap(r)
+        psutil.wait_procs(found, timeout=2)
+        for r in self.ranks:
+            for stream in list(r.fds):
+                self._close_fd(r, stream)
+
+    @staticmethod
+    def _reap(r: _Rank) -> None:
+        if r.reaped:
+            return
+        if r.popen is not None:
+            try:
+                r.popen.wait(timeout=10)
+                r.reaped = True
+            except subprocess.TimeoutExpired:
+                pass
+            return
+        end = time.monotonic() + 10  # a process in uninterruptible sleep can take a moment
+        while time.monotonic() < end:
+            try:
+                pid, _ = os.waitpid(r.pid, os.WNOHANG)
+            except ChildProcessError:
+                r.reaped = True
+                return
+            if pid:
+                r.reaped = True
+                return
+            time.sleep(0.005)
+
+    @staticmethod
+    def _close_fd(r: _Rank, stream: str) -> None:
+        fd = r.fds.pop(stream, None)
+        if fd is None:
+            return
+        if r.popen is not None and stream in ("out", "err"):
+            (r.popen.stdout if stream == "out" else r.popen.stderr).close()
+        else:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # -- explaining ----------------------------------------------------------------------------
+    def _failure_error(self, failed: list[_Rank]) -> RankError:
+        reported = [r for r in failed if r.outcome is not None]
+        causes = [r for r in reported if _is_cause(r)] or reported
+        cause = min(causes, key=lambda r: (_when(r), r.rank))
+        others = [f"rank {r.rank}: {_one_line(r)}" for r in reported if r is not cause]
+        kind, info, code = _describe(cause)
+        stopped = [r.rank for r in self.ranks if r.outcome is None]
+        lines = [f"rank {cause.rank} of {self.world_size} {_one_line(cause)}"]
+        if info.get("traceback") and kind != "result":
+            lines += ["", f"Traceback from rank {cause.rank}:", info["traceback"].rstrip()]
+        output = self.pump.tail(cause.rank)
+        if kind in ("exit", "signal") and output:
+            lines += ["", f"Last output of rank {cause.rank}:", output]
+        if others:
+            lines += ["", "Also failed (most likely because of the above):"] + [f"  {o}" for o in others]
+        if stopped:
+            lines += ["", f"Ranks {', '.join(map(str, stopped))} were stopped."]
+        exception = None
+        if info.get("exception"):
+            import cloudpickle
+            try:
+                exception = cloudpickle.loads(info["exception"])
+            except Exception:  # noqa: BLE001 - an exception class that cannot be rebuilt here
+                exception = None
+        return RankError("\n".join(lines), rank=cause.rank, world_size=self.world_size, kind=kind,
+                         exc_type=info.get("exc_type"), exception=exception,
+                         traceback=info.get("traceback", ""), exit_code=code, output=output,
+                         others=others)
+
+    def _timeout_error(self, board: comm.InflightBoard) -> SpawnTimeout:
+        running = [r for r in self.ranks if r.outcome is None]
+        stacks = _dump_stacks(running, board)
+        now = time.time()
+        stuck: dict[int, str] = {}
+        for r in running:
+            slot = board.read(r.rank)
+            where = slot.describe(now) if slot else "had not made any communication call"
+            stack = stacks.get(r.rank, "")
+            stuck[r.rank] = where + (f"\n{stack}" if stack else "")
+        finished = [r.rank for r in self.ranks if r.outcome is not None]
+        lines = [f"spawn timed out after {self.timeout:g} s with rank(s) "
+                 f"{', '.join(str(r.rank) for r in running)} of {self.world_size} still running"
+                 + (f" (rank(s) {', '.join(map(str, finished))} had returned)" if finished else "")
+                 + "; every rank was stopped."]
+        for rank, text in stuck.items():
+            first, *rest = text.split("\n")
+            lines.append(f"  rank {rank}: {first}")
+            lines += [f"    {line}" for line in rest]
+        lines.append("A rank that skips a collective its peers make, or a recv with no matching "
+                     "send, hangs like this. If the work is just slow, pass a larger timeout=.")
+        return SpawnTimeout("\n".join(lines), timeout=self.timeout, stuck=stuck, finished=finished)
+
+
+def _pickle_work(fn: Callable, args: tuple) -> bytes:
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps((fn, args))
+    except Exception as exc:  # noqa: BLE001
+        raise TypeError(
+            "spawn(start_method='spawn') sends fn and its arguments to fresh interpreters by "
+            f"pickling them (cloudpickle), and that failed: {type(exc).__name__}: {exc}. Pass plain "
+            "data (numbers, lists, dicts, CPU tensors) as arguments, or use start_method='fork' "
+            "(Linux, CPU).") from exc
+
+
+def _dump_stacks(running: list[_Rank], board: comm.InflightBoard) -> dict[int, str]:
+    """Ask each running rank for its Python stack (faulthandler on SIGUSR1) and read it back."""
+    workdir = os.path.dirname(board.path)
+    paths = {r.rank: worker.stack_path(workdir, r.rank) for r in running}
+    for r in running:
+        try:
+            os.kill(r.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end and not all(_size(p) for p in paths.values()):
+        time.sleep(0.02)
+    time.sleep(0.05)  # let the last lines land
+    return {rank: _user_frames(_read(p)) for rank, p in paths.items()}
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _user_frames(dump: str) -> str:
+    """The frames of the rank's own code in a faulthandler dump, oldest first.
+
+    faulthandler lists the innermost frame first. Frames of torch.distributed and the recorder
+    are dropped; the launcher's frame marks the bottom of the rank's work (below it, a forked
+    rank still carries a copy of the caller's stack, which did not run here).
+    """
+    launcher = os.path.join("toolkit", "launch") + os.sep
+    noise = (os.path.join("toolkit", "comm") + os.sep, os.path.join("torch", "distributed") + os.sep)
+    frames: list[str] = []
+    for line in dump.splitlines():
+        line = line.strip()
+        if line.startswith(("Thread ", "Current thread ", "Stack ")) and frames:
+            break  # only the first (signalled) thread: the rank's main thread
+        if not line.startswith("File "):
+            continue
+        if launcher in line:
+            break
+        if not any(s in line for s in noise):
+            frames.append(line)
+    frames = frames[:10][::-1]
+    return ("Python stack (most recent call last):\n" + "\n".join(f"  {f}" for f in frames)) if frames else ""
+
+
+def _is_cause(r: _Rank) -> bool:
+    """True unless the failure looks like a consequence of another rank failing."""
+    if r.outcome is None or r.outcome[0] == "ok":
+        return False
+    if r.outcome[0] == "died":
+        return True
+    info = r.outcome[1]
+    text = f"{info.get('message', '')}\n{info.get('traceback', '')}"
+    return not any(marker in text for marker in _KNOCK_ON)
+
+
+def _when(r: _Rank) -> float:
+    if r.outcome and r.outcome[0] == "error":
+        return r.outcome[1].get("time", r.seen_at)
+    return r.seen_at
+
+
+def _describe(r: _Rank) -> tuple[str, dict, int | None]:
+    assert r.outcome is not None
+    if r.outcome[0] == "died":
+        code = r.outcome[1]
+        return ("signal" if code is not None and code < 0 else "exit"), {}, code
+    info = r.outcome[1]
+    return info["kind"], info, None
+
+
+def _one_line(r: _Rank) -> str:
+    kind, info, code = _describe(r)
+    if kind == "signal":
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        extra = {"SIGSEGV": " (segmentation fault)", "SIGKILL": " (out of memory, or killed)",
+                 "SIGABRT": " (aborted)"}.get(name, "")
+        return f"was killed by {name}{extra} before returning"
+    if kind == "exit":
+        return f"exited with code {code} before returning (os._exit or a crash in C code)"
+    message = info["message"].splitlines()[0] if info["message"] else ""
+    if kind == "init":
+        return f"failed to join the process group: {info['exc_type']}: {message}"
+    if kind == "result":
+        return (f"returned a value that cannot be sent back to the parent ({info['exc_type']}: "
+                f"{message}). Return plain data: numbers, lists, dicts, tensors, numpy arrays.")
+    if info["exc_type"] == "SystemExit":
+        return f"called sys.exit({message}) instead of returning"
+    return f"raised {info['exc_type']}: {message}"

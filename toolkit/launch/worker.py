@@ -1,0 +1,270 @@
+"""The rank side of `spawn`: set the process up, join the group, run fn, send the outcome back.
+
+The same `run_rank` runs in a forked child (fork start method) and in a fresh interpreter
+(spawn start method, entered through `main`). It never returns: it ends the process with
+`os._exit` right after the outcome is written, which avoids the SIGABRT that torch can raise in
+interpreter shutdown ("terminate called without an active exception") and any atexit handler a
+forked child would otherwise inherit from a notebook kernel.
+
+The outcome travels over a plain pipe as length-prefixed frames, written synchronously: a
+`multiprocessing.Queue` writes from a feeder thread and can lose the last message at `os._exit`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import faulthandler
+import io
+import os
+import random
+import signal
+import struct
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, NoReturn
+
+_HEADER = struct.Struct("<Q")  # frame length in bytes
+
+
+@dataclass
+class RankSpec:
+    """Everything a rank needs to know, sent from the parent (plain data, picklable)."""
+
+    rank: int
+    world_size: int
+    backend: str
+    store_port: int
+    store_host: str
+    pg_timeout: float
+    """Seconds before a collective gives up inside the rank (the parent's timeout comes first)."""
+    record: bool
+    max_events: int
+    workdir: str
+    """The launch's private temporary folder (in-flight board, stack dumps, payload)."""
+    seed: int | None
+    threads: int
+    env: dict[str, str] = field(default_factory=dict)
+    parent_pid: int = 0
+
+    @property
+    def board_path(self) -> str:
+        return board_path(self.workdir)
+
+    @property
+    def stack_path(self) -> str:
+        """File where faulthandler writes this rank's stack when the parent asks (SIGUSR1)."""
+        return stack_path(self.workdir, self.rank)
+
+
+def board_path(workdir: str) -> str:
+    return os.path.join(workdir, "inflight.bin")
+
+
+def stack_path(workdir: str, rank: int) -> str:
+    return os.path.join(workdir, f"stack-{rank}.txt")
+
+
+def write_frame(fd: int, payload: bytes) -> None:
+    view = memoryview(_HEADER.pack(len(payload)) + payload)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def read_frames(buf: bytearray) -> list[bytes]:
+    """Complete frames at the front of `buf` (removed from it)."""
+    frames = []
+    while len(buf) >= _HEADER.size:
+        (n,) = _HEADER.unpack_from(buf)
+        if len(buf) < _HEADER.size + n:
+            break
+        frames.append(bytes(buf[_HEADER.size:_HEADER.size + n]))
+        del buf[:_HEADER.size + n]
+    return frames
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def dumps(obj: Any) -> bytes:
+    """cloudpickle, with CUDA tensors moved to the CPU (unpickling them would put CUDA in the
+    parent, after which forking is unsafe)."""
+    import cloudpickle
+    import torch
+
+    class _Pickler(cloudpickle.Pickler):
+        def reducer_override(self, o: Any) -> Any:
+            if isinstance(o, torch.Tensor) and o.device.type not in ("cpu", "meta"):
+                return _identity, (o.detach().cpu(),)
+            return super().reducer_override(o)
+
+    buf = io.BytesIO()
+    _Pickler(buf).dump(obj)
+    return buf.getvalue()
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: get SIGKILL if the parent dies (a killed notebook kernel must not leave ranks)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+    if parent_pid and os.getppid() != parent_pid:  # parent already gone before prctl
+        os._exit(1)
+
+
+def _setup_process(spec: RankSpec) -> Any:
+    """Signals, stdio, fault handlers, threads, seeds, environment. Returns the stack file."""
+    _die_with_parent(spec.parent_pid)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    # Fresh line-buffered streams on fds 1/2 (in a forked child, sys.stdout is still the
+    # notebook kernel's object, which must not be used from here).
+    sys.stdin = open(0, "r", closefd=False)
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    faulthandler.enable(file=sys.stderr)  # a segfault prints the Python stack to stderr
+    stack_file = open(spec.stack_path, "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+
+    local = {"RANK": spec.rank, "WORLD_SIZE": spec.world_size, "LOCAL_RANK": spec.rank,
+             "LOCAL_WORLD_SIZE": spec.world_size, "MASTER_ADDR": spec.store_host,
+             "MASTER_PORT": spec.store_port}
+    os.environ.update({k: str(v) for k, v in local.items()})
+    os.environ.update(spec.env)
+
+    import torch
+
+    # One thread per rank by default: ranks share few cores, and in a forked child torch's
+    # OpenMP pool inherited from a parent that used it can hang (libgomp is not fork-safe).
+    torch.set_num_threads(spec.threads)
+    if spec.seed is not None:
+        random.seed(spec.seed + spec.rank)
+        torch.manual_seed(spec.seed + spec.rank)
+        try:
+            import numpy as np
+            np.random.seed((spec.seed + spec.rank) % 2**32)
+        except ImportError:
+            pass
+    return stack_file
+
+
+def _init_group(spec: RankSpec) -> Any:
+    import torch.distributed as dist
+
+    from .. import comm
+    from .context import RankContext, rank_device, set_context
+
+    board = comm.InflightBoard(spec.board_path, spec.world_size)
+    comm.attach(spec.rank, board)
+    dev = rank_device(spec.backend, spec.rank)
+    timeout = datetime.timedelta(seconds=spec.pg_timeout)
+    store = dist.TCPStore(spec.store_host, spec.store_port, None, False, timeout)
+    kwargs: dict[str, Any] = {}
+    if spec.backend == "nccl":
+        kwargs["device_id"] = dev
+    dist.init_process_group(spec.backend, store=store, rank=spec.rank,
+                            world_size=spec.world_size, timeout=timeout, **kwargs)
+    set_context(RankContext(spec.rank, spec.world_size, spec.rank, spec.world_size,
+                            spec.backend, dev))
+    return store
+
+
+def _error_frame(kind: str, exc: BaseException, events: list) -> bytes:
+    tb = exc.__traceback__
+    if kind == "exception" and tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next  # drop run_rank's own frame: the rank's traceback starts in fn
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    try:
+        exc_bytes: bytes | None = dumps(exc)
+    except Exception:
+        exc_bytes = None
+    info = {"kind": kind, "exc_type": type(exc).__name__, "message": str(exc),
+            "traceback": text, "exception": exc_bytes, "time": time.time()}
+    return dumps(("error", info, events))
+
+
+def run_rank(spec: RankSpec, fn: Callable[..., Any], args: tuple, result_fd: int) -> NoReturn:
+    """Run ``fn(rank, world_size, *args)`` as rank `spec.rank`; never returns."""
+    code = 1
+    try:
+        _setup_process(spec)
+        from .. import comm
+
+        trace = comm.Trace()
+        if spec.record:
+            comm.patch.start_recording(trace, spec.max_events)
+
+        def events() -> list:
+            return [e.as_tuple() for e in trace.events]
+
+        try:
+            _init_group(spec)
+        except BaseException as exc:  # noqa: BLE001 - any failure must reach the parent
+            write_frame(result_fd, _error_frame("init", exc, events()))
+        else:
+            try:
+                result = fn(spec.rank, spec.world_size, *args)
+            except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too
+                write_frame(result_fd, _error_frame("exception", exc, events()))
+            else:
+                try:
+                    payload = dumps(("ok", result, events(), trace.dropped))
+                except Exception as exc:  # noqa: BLE001
+                    write_frame(result_fd, _error_frame("result", exc, events()))
+                else:
+                    write_frame(result_fd, payload)
+                    code = 0
+        os.close(result_fd)
+        for f in (sys.stdout, sys.stderr):
+            f.flush()
+        _teardown()
+    except BaseException:  # noqa: BLE001 - last resort: say something on stderr
+        try:
+            os.write(2, traceback.format_exc().encode(errors="replace"))
+        except OSError:
+            pass
+    finally:
+        os._exit(code)
+
+
+def _teardown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the outcome is already sent
+            pass
+
+
+def main(argv: list[str]) -> NoReturn:
+    """Entry point of a rank started as a fresh interpreter (spawn start method).
+
+    argv: payload file, rank, result fd. The payload holds the common spec, the function and
+    its arguments, pickled by value with cloudpickle so functions from notebooks and
+    ``__main__`` arrive intact.
+    """
+    payload_path, rank, result_fd = argv[0], int(argv[1]), int(argv[2])
+    try:
+        import cloudpickle
+
+        with open(payload_path, "rb") as f:
+            parent_path, spec, blob = cloudpickle.load(f)
+        for p in parent_path:
+            if p not in sys.path:
+                sys.path.append(p)
+        fn, args = cloudpickle.loads(blob)
+        spec.rank = rank
+    except BaseException as exc:  # noqa: BLE001
+        write_frame(result_fd, _error_frame("init", exc, []))
+        os._exit(1)
+    run_rank(spec, fn, args, result_fd)
