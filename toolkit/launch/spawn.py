@@ -21,9 +21,11 @@ The parent side of a launch. Choices, and why:
 from __future__ import annotations
 
 import datetime
+import gc
 import inspect
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -208,8 +210,9 @@ class _Launch:
         # The store outlives the launch's deadline a little, so the parent's timeout fires first.
         store_timeout = datetime.timedelta(seconds=self.timeout + 30)
         store = dist.TCPStore("127.0.0.1", 0, None, True, store_timeout, wait_for_workers=False)
-        with tempfile.TemporaryDirectory(prefix="toolkit-launch-") as workdir:
-            board = comm.InflightBoard(worker.board_path(workdir), self.world_size, create=True)
+        workdir = tempfile.mkdtemp(prefix="toolkit-launch-")
+        board = self.board = comm.InflightBoard(worker.board_path(workdir), self.world_size, create=True)
+        try:
             spec = RankSpec(rank=0, world_size=self.world_size, backend=self.backend,
                             store_port=store.port, store_host="127.0.0.1",
                             pg_timeout=self.timeout + 15, record=record, max_events=max_events,
@@ -221,9 +224,13 @@ class _Launch:
             finally:
                 self._stop_all()
                 self.pump.flush()
-                board.close()
-        del store
-        return self._results()
+            return self._results()  # reads the board to tell causes from knock-on failures
+        finally:
+            # Drop the store here, on every path: an exception's traceback would otherwise keep
+            # it alive until some later garbage collection, possibly in a forked rank.
+            board.close()
+            del store
+            shutil.rmtree(workdir, ignore_errors=True)
 
     def _results(self) -> tuple[list[Any], list[comm.Event]]:
         failed = [r for r in self.ranks if r.outcome is None or r.outcome[0] != "ok"]
@@ -258,7 +265,13 @@ class _Launch:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             res_r, res_w = os.pipe()
+            # Freeze the caller's objects so the rank's garbage collector never finalises them:
+            # destructors of a copied TCPStore or process group crash in a forked child.
+            was_frozen = gc.get_freeze_count() > 0
+            gc.freeze()
             pid = os.fork()
+            if pid != 0 and not was_frozen:
+                gc.unfreeze()
             if pid == 0:  # the rank; never returns into the caller's code
                 try:
                     os.setpgid(0, 0)
@@ -311,7 +324,7 @@ class _Launch:
                 self._read_ready(sel, min(0.05, deadline - now))
                 self._check_exits(sel)
                 failures = [r for r in self.ranks if r.outcome and r.outcome[0] != "ok"]
-                if any(_is_cause(r) for r in failures):
+                if any(self._is_cause(r) for r in failures):
                     break
                 if failures:
                     first_knock_on = first_knock_on or time.monotonic()
@@ -429,9 +442,25 @@ class _Launch:
                 pass
 
     # -- explaining ----------------------------------------------------------------------------
+    def _is_cause(self, r: _Rank) -> bool:
+        """False when the failure looks like a consequence of another rank failing first.
+
+        Knock-on failures: an error that says a peer's connection went away, or a death
+        *inside* a communication call (gloo can crash when a peer vanishes mid-collective).
+        A rank that died outside any call, or raised an error of its own, is a cause.
+        """
+        if r.outcome is None or r.outcome[0] == "ok":
+            return False
+        if r.outcome[0] == "died":
+            slot = self.board.read(r.rank)
+            return slot is None or not slot.active
+        info = r.outcome[1]
+        text = f"{info.get('message', '')}\n{info.get('traceback', '')}"
+        return not any(marker in text for marker in _KNOCK_ON)
+
     def _failure_error(self, failed: list[_Rank]) -> RankError:
         reported = [r for r in failed if r.outcome is not None]
-        causes = [r for r in reported if _is_cause(r)] or reported
+        causes = [r for r in reported if self._is_cause(r)] or reported
         cause = min(causes, key=lambda r: (_when(r), r.rank))
         others = [f"rank {r.rank}: {_one_line(r)}" for r in reported if r is not cause]
         kind, info, code = _describe(cause)
@@ -548,17 +577,6 @@ def _user_frames(dump: str) -> str:
             frames.append(line)
     frames = frames[:10][::-1]
     return ("Python stack (most recent call last):\n" + "\n".join(f"  {f}" for f in frames)) if frames else ""
-
-
-def _is_cause(r: _Rank) -> bool:
-    """True unless the failure looks like a consequence of another rank failing."""
-    if r.outcome is None or r.outcome[0] == "ok":
-        return False
-    if r.outcome[0] == "died":
-        return True
-    info = r.outcome[1]
-    text = f"{info.get('message', '')}\n{info.get('traceback', '')}"
-    return not any(marker in text for marker in _KNOCK_ON)
 
 
 def _when(r: _Rank) -> float:

@@ -1,0 +1,34 @@
+"""Shared fixtures: every test must leave no process behind."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+
+def _children() -> dict[int, str]:
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            out[p.pid] = f"{p.status()}: {' '.join(p.cmdline()[:3])}"
+        except psutil.ZombieProcess:
+            out[p.pid] = "zombie (never reaped)"
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Fail a test that leaves a child (or zombie) of the test process behind."""
+    before = set(_children())
+    yield
+    deadline = time.monotonic() + 2.0  # tests that start their own subprocesses wait for them
+    while True:
+        extra = {pid: cmd for pid, cmd in _children().items() if pid not in before}
+        if not extra or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not extra, f"processes left behind: {extra}"
