@@ -1,0 +1,51 @@
+"""The set-up files agree with each other: one torch version, binder installs the project."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def makefile_torch() -> str:
+    m = re.search(r"^TORCH_SPEC\s*\?=\s*torch==(\S+)", (ROOT / "Makefile").read_text(), re.M)
+    assert m, "Makefile must pin TORCH_SPEC ?= torch==X.Y.Z"
+    return m.group(1)
+
+
+def test_binder_pins_the_makefiles_torch_as_a_cpu_build():
+    req = (ROOT / "binder" / "requirements.txt").read_text()
+    assert f"torch=={makefile_torch()}+cpu" in req.split()
+    assert "whl/cpu" in req
+
+
+def test_installed_torch_is_the_pinned_one():
+    assert torch.__version__.split("+")[0] == makefile_torch()
+
+
+def test_pyproject_range_admits_the_pin():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (spec,) = [d for d in deps if d.startswith("torch")]
+    lo, hi = re.match(r"torch>=([\d.]+),<([\d.]+)", spec).groups()
+    version = tuple(map(int, makefile_torch().split(".")))
+    assert tuple(map(int, lo.split("."))) <= version < tuple(map(int, hi.split(".")))
+
+
+def test_binder_post_build_installs_the_project_and_is_executable():
+    post = ROOT / "binder" / "postBuild"
+    assert os.access(post, os.X_OK)
+    assert "pip install" in post.read_text() and "-e ." in post.read_text()
+    runtime = (ROOT / "binder" / "runtime.txt").read_text().strip()
+    assert re.fullmatch(r"python-3\.\d+", runtime)
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "make lab" in readme and "make test" in readme
