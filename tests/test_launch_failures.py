@@ -164,6 +164,7 @@ def start_grandchild(rank, world_size, pid_file):
     p = subprocess.Popen(["sleep", "600"])
     with open(f"{pid_file}.{rank}", "w") as f:
         f.write(str(p.pid))
+    dist.barrier()  # both pid files are written before rank 1 fails
     if rank == 1:
         raise RuntimeError("leaving a sleeping child behind")
     time.sleep(600)

@@ -121,7 +121,9 @@ def timeline(trace: Iterable[Event], *, title: str | None = None,
     by_op: dict[str, list[int]] = defaultdict(list)
     for i, e in enumerate(events):
         by_op[e.op].append(i)
-    for op, idx in by_op.items():
+    order = list(_COLORS)  # the legend lists ops in one fixed order across figures
+    for op, idx in sorted(by_op.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order
+                                                         else len(order), kv[0])):
         open_ = [events[i].end is None for i in idx]
         fig.add_trace(go.Bar(
             name=op, orientation="h",
