@@ -41,6 +41,7 @@ def test_relative_times_and_frame():
     assert [e.start for e in rel] == [0.0, 0.25] and rel[0].end == 0.5 and rel[1].end is None
     df = trace.to_frame()
     assert list(df["op"]) == ["send", "recv"] and df.loc[0, "duration"] == 0.5
+    assert str(df["peer"].dtype) == "Int64" and list(df["peer"]) == [1, 0]
     assert set(trace.totals_frame().index) == {0, 1}
 
 
@@ -233,3 +234,21 @@ def test_times_show_who_waited():
     (recv,) = trace.where(op="recv")
     assert recv.duration >= 0.15          # blocked until rank 0 sent
     assert recv.start < send.start < recv.end + 0.05
+
+
+def fails_after_talking(rank, world_size):
+    dist.all_reduce(torch.ones(2))
+    if rank == 1:
+        raise RuntimeError("after one all_reduce")
+    dist.all_reduce(torch.ones(3))  # rank 0 waits here until it is stopped
+
+
+@pytest.mark.multirank
+def test_a_failed_launch_still_hands_over_what_reporting_ranks_recorded():
+    from toolkit.launch import RankError
+
+    with comm.recording() as trace:
+        with pytest.raises(RankError):
+            spawn(fails_after_talking, 2, timeout=60)
+    # Rank 1 reported (with its events); rank 0 was stopped mid-call and sent nothing.
+    assert [(e.rank, e.op, e.nbytes) for e in trace] == [(1, "all_reduce", 8)]

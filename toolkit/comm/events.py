@@ -184,7 +184,9 @@ class Trace:
         trace = self.relative() if relative else self
         columns = ["rank", "seq", "op", "kind", "peer", "nbytes", "dtype", "shape",
                    "start", "end", "duration", "group", "async_op"]
-        return pd.DataFrame(trace.to_records(), columns=columns)
+        df = pd.DataFrame(trace.to_records(), columns=columns)
+        df["peer"] = df["peer"].astype("Int64")  # a rank number or <NA>, not 1.0 / NaN
+        return df
 
     def totals_frame(self):
         """A pandas DataFrame of `totals()`, one row per rank."""

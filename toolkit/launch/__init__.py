@@ -16,7 +16,7 @@ Under torchrun or SLURM the same worker runs with `run_from_env(fn)`. Inside a r
 
 from .context import BACKENDS, RankContext, context, device, gpu_count, init_from_env, run_from_env
 from .errors import RankError, SpawnError, SpawnTimeout
-from .spawn import DEFAULT_TIMEOUT, START_METHODS, spawn
+from .launcher import DEFAULT_TIMEOUT, START_METHODS, spawn
 
 __all__ = [
     "BACKENDS",

@@ -7,7 +7,7 @@
     viz.timeline(trace)          # one row per rank, one bar per communication call
     viz.traffic_matrix(trace)    # point-to-point bytes from rank i to rank j
 
-No function here starts processes or holds widgets; `toolkit.widgets` wires sliders to them.
+No function here starts processes or holds widgets; lessons wire sliders to them.
 """
 
 from .timeline import timeline, traffic_matrix

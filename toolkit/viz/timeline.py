@@ -76,6 +76,10 @@ def _peer_text(e: Event) -> str:
     return f"root {e.peer}"
 
 
+def _tensor_text(e: Event) -> str:
+    return f"{e.dtype} {tuple(e.shape)}" if e.dtype else "—"
+
+
 def _messages(events: list[Event]) -> list[tuple[int, int]]:
     """(send index, recv index) pairs: the k-th send from a to b meets the k-th recv on b from a."""
     sends: dict[tuple[int, int], list[int]] = defaultdict(list)
@@ -99,8 +103,8 @@ def timeline(trace: Iterable[Event], *, title: str | None = None,
     (an isend/irecv nobody waited on) are hatched and drawn up to the last recorded time. Calls
     of one rank that overlap in time split its row into lanes. With `show_messages`, a grey
     arrow joins the start of each send to the end of the recv that took it (the k-th send from
-    rank a to rank b matches the k-th recv on b from a). Very short calls are widened to
-    `_MIN_WIDTH` of the span so they stay visible.
+    rank a to rank b matches the k-th recv on b from a). Calls shorter than 0.2 % of the run
+    are drawn that wide so they stay visible; hover gives the true duration.
     """
     events = list(trace)
     dropped = getattr(trace, "dropped", 0)
@@ -133,7 +137,7 @@ def timeline(trace: Iterable[Event], *, title: str | None = None,
             marker=dict(color=_color(op, extra), line_width=0,
                         pattern_shape=["/" if o else "" for o in open_]),
             customdata=[[events[i].rank, _peer_text(events[i]), f"{events[i].nbytes:,}",
-                         f"{events[i].dtype} {tuple(events[i].shape)}".strip(),
+                         _tensor_text(events[i]),
                          f"{(events[i].start - t0) * ms:.3f} ms",
                          "never completed (no wait())" if o
                          else f"{(end[i] - events[i].start) * ms:.3f} ms"]

@@ -112,12 +112,14 @@ def spawn(
     if threads is None:
         threads = 1 if method == "fork" else max(1, (os.cpu_count() or 1) // world_size)
     launch = _Launch(fn, args, world_size, chosen, method, float(timeout), echo)
-    results, events = launch.run(
-        record=bool(traces), max_events=comm.patch.recording_cap(), seed=seed,
-        threads=threads, env=dict(env or {}))
-    for trace in traces:
-        trace.extend(events)
-    return results
+    try:
+        return launch.run(record=bool(traces), max_events=comm.patch.recording_cap(),
+                          seed=seed, threads=threads, env=dict(env or {}))
+    finally:
+        # Also after a failure: what the ranks that reported had recorded is worth drawing.
+        events = launch.events()
+        for trace in traces:
+            trace.extend(events)
 
 
 def _check_arguments(fn: Any, world_size: Any, args: tuple, timeout: Any, seed: Any,
@@ -201,7 +203,7 @@ class _Launch:
 
     # -- the launch as a whole ---------------------------------------------------------------
     def run(self, *, record: bool, max_events: int, seed: int | None, threads: int,
-            env: dict[str, str]) -> tuple[list[Any], list[comm.Event]]:
+            env: dict[str, str]) -> list[Any]:
         blob = None
         if self.method == "spawn":
             blob = _pickle_work(self.fn, self.args)
@@ -224,13 +226,16 @@ class _Launch:
             board.close()
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def _results(self) -> tuple[list[Any], list[comm.Event]]:
+    def _results(self) -> list[Any]:
         failed = [r for r in self.ranks if r.outcome is None or r.outcome[0] != "ok"]
-        events = [comm.Event.from_tuple(t) for r in self.ranks if r.outcome and r.outcome[0] != "died"
-                  for t in r.outcome[2]]
         if failed:
             raise self._failure_error(failed)
-        return [r.outcome[1] for r in self.ranks], events
+        return [r.outcome[1] for r in self.ranks]
+
+    def events(self) -> list[comm.Event]:
+        """Every event the ranks sent back (ranks that returned or raised; not hung or dead)."""
+        return [comm.Event.from_tuple(t) for r in self.ranks
+                if r.outcome and r.outcome[0] in ("ok", "error") for t in r.outcome[2]]
 
     # -- starting ------------------------------------------------------------------------------
     def _start_all(self, spec: RankSpec, blob: bytes | None, workdir: str) -> None:
@@ -567,6 +572,8 @@ def _user_frames(dump: str) -> str:
             break
         if not any(s in line for s in noise):
             frames.append(line)
+    if not frames:  # stuck before reaching user code: show the innermost frames as they are
+        frames = [l.strip() for l in dump.splitlines() if l.strip().startswith("File ")][:5]
     frames = frames[:10][::-1]
     return ("Python stack (most recent call last):\n" + "\n".join(f"  {f}" for f in frames)) if frames else ""
 
