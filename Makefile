@@ -29,8 +29,11 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 	@echo "$(VENV) is ready: $$($(BIN)/python -c 'import torch; print("torch", torch.__version__)')"
 
+# JupyterLab refuses to start as root (containers, Binder-like machines) unless told it may.
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: setup  ## open JupyterLab on the lessons (CPU; prints the URL to open)
-	cd lessons && ../$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser
+	cd lessons && ../$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser $(LAB_ROOT)
 
 test: setup  ## run every test: unit, multi-rank, notebooks
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
