@@ -38,8 +38,9 @@ lab: setup  ## open JupyterLab on the lessons (CPU; prints the URL to open)
 test: setup  ## run every test: unit, multi-rank, notebooks
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: setup  ## print the launcher and recorder figures (benchmarks/)
+bench: setup  ## print the launcher, recorder and lesson figures (benchmarks/)
 	$(BIN)/python benchmarks/launch_overhead.py
+	$(BIN)/python benchmarks/lesson_resources.py
 
 clean:  ## remove the venv and caches
 	rm -rf $(VENV) .pytest_cache build *.egg-info
