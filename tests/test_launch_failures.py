@@ -190,3 +190,17 @@ def test_ctrl_c_in_the_caller_stops_every_rank():
     with pytest.raises(KeyboardInterrupt):
         spawn(long_sleep, 2, timeout=60)
     timer.join()
+
+
+def test_without_waitid_deaths_and_results_are_still_seen(monkeypatch):
+    """macOS has no os.waitid: the launcher falls back to waitpid/poll."""
+    monkeypatch.delattr(os, "waitid")
+    with pytest.raises(RankError) as info:
+        spawn(hard_exit, 2, timeout=60)
+    assert info.value.kind == "exit" and info.value.exit_code == 3
+    assert spawn(generator_free_rank, 2, timeout=60) == [0, 1]
+
+
+def generator_free_rank(rank, world_size):
+    dist.barrier()
+    return rank

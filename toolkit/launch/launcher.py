@@ -179,11 +179,27 @@ class _Rank:
         self.outcome: tuple | None = None   # ("ok", value, events, dropped) | ("error", info, events) | ("died", code)
         self.seen_at: float = 0.0           # time.time() the outcome was known
         self.reaped = False
+        self._code: int | None = None
 
     def exit_code(self) -> int | None:
-        """The exit code (negative: killed by that signal) if the process ended, without reaping."""
+        """The exit code (negative: killed by that signal) if the process ended, else None.
+
+        Linux: read with ``waitid(WNOWAIT)``, which leaves the process unreaped so its pid (and
+        process-group id) cannot be reused before the final killpg. Where ``waitid`` does not
+        exist (macOS) the process is reaped here and its code kept.
+        """
         if self.reaped:
-            return self.popen.returncode if self.popen else None
+            return self.popen.returncode if self.popen else self._code
+        if not hasattr(os, "waitid"):
+            if self.popen is not None:
+                code = self.popen.poll()
+                self.reaped = code is not None
+                return code
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == 0:
+                return None
+            self.reaped, self._code = True, os.waitstatus_to_exitcode(status)
+            return self._code
         try:
             info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
