@@ -25,7 +25,6 @@ import inspect
 import os
 import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,24 +33,20 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-import psutil
 import torch
-import torch.distributed as dist
 
 from .. import comm
 from . import worker
 from .context import resolve_backend
-from .errors import RankError, SpawnTimeout
+from .diagnose import failure_error, is_cause, timeout_error
 from .output import OutputPump
+from .rankproc import RankProcess, stop_all
 from .worker import RankSpec, read_frames
 
 START_METHODS = ("auto", "fork", "spawn")
 DEFAULT_TIMEOUT = 120.0
 """Seconds a whole launch may take by default (start-up included)."""
 
-# Errors a rank reports *because another rank died*: shown only when nothing better is known.
-_KNOCK_ON = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-             "Timed out waiting", "communicator was aborted", "ECONNRESET", "EPIPE")
 _SETTLE = 1.0  # s to wait for the real cause after a knock-on error arrives first
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Forks and the closing of the parent's pipe ends happen under this lock, so that a launch
@@ -170,52 +165,13 @@ def _choose_start_method(start_method: str, backend: str) -> str:
     return "spawn"
 
 
-class _Rank:
-    """The parent's view of one rank: its process, pipes and outcome."""
-
-    def __init__(self, rank: int, pid: int, fds: dict[str, int], popen: subprocess.Popen | None = None):
-        self.rank, self.pid, self.fds, self.popen = rank, pid, fds, popen
-        self.buf = bytearray()
-        self.outcome: tuple | None = None   # ("ok", value, events, dropped) | ("error", info, events) | ("died", code)
-        self.seen_at: float = 0.0           # time.time() the outcome was known
-        self.reaped = False
-        self._code: int | None = None
-
-    def exit_code(self) -> int | None:
-        """The exit code (negative: killed by that signal) if the process ended, else None.
-
-        Linux: read with ``waitid(WNOWAIT)``, which leaves the process unreaped so its pid (and
-        process-group id) cannot be reused before the final killpg. Where ``waitid`` does not
-        exist (macOS) the process is reaped here and its code kept.
-        """
-        if self.reaped:
-            return self.popen.returncode if self.popen else self._code
-        if not hasattr(os, "waitid"):
-            if self.popen is not None:
-                code = self.popen.poll()
-                self.reaped = code is not None
-                return code
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid == 0:
-                return None
-            self.reaped, self._code = True, os.waitstatus_to_exitcode(status)
-            return self._code
-        try:
-            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return None
-        if info is None:
-            return None
-        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-
-
 class _Launch:
     def __init__(self, fn: Callable, args: tuple, world_size: int, backend: str, method: str,
                  timeout: float, echo: bool) -> None:
         self.fn, self.args, self.world_size = fn, args, world_size
         self.backend, self.method, self.timeout = backend, method, timeout
         self.pump = OutputPump(world_size, echo=echo)
-        self.ranks: list[_Rank] = []
+        self.ranks: list[RankProcess] = []
 
     # -- the launch as a whole ---------------------------------------------------------------
     def run(self, *, record: bool, max_events: int, seed: int | None, threads: int,
@@ -235,7 +191,7 @@ class _Launch:
                 self._start_all(spec, blob, workdir)
                 self._supervise(deadline, board)
             finally:
-                self._stop_all()
+                stop_all(self.ranks)
                 self.pump.flush()
             return self._results()  # reads the board to tell causes from knock-on failures
         finally:
@@ -245,7 +201,7 @@ class _Launch:
     def _results(self) -> list[Any]:
         failed = [r for r in self.ranks if r.outcome is None or r.outcome[0] != "ok"]
         if failed:
-            raise self._failure_error(failed)
+            raise failure_error(self.ranks, self.world_size, self.board, self.pump)
         return [r.outcome[1] for r in self.ranks]
 
     def events(self) -> list[comm.Event]:
@@ -268,7 +224,7 @@ class _Launch:
             else:
                 self.ranks.append(self._popen(rank, payload))
 
-    def _fork(self, spec: RankSpec) -> _Rank:
+    def _fork(self, spec: RankSpec) -> RankProcess:
         for f in (sys.stdout, sys.stderr):  # or the child would print the parent's buffer again
             try:
                 f.flush()
@@ -301,9 +257,9 @@ class _Launch:
             os.setpgid(pid, pid)  # also from here, so the group exists whoever runs first
         except OSError:
             pass
-        return _Rank(spec.rank, pid, {"out": out_r, "err": err_r, "res": res_r})
+        return RankProcess(spec.rank, pid, {"out": out_r, "err": err_r, "res": res_r})
 
-    def _popen(self, rank: int, payload: str) -> _Rank:
+    def _popen(self, rank: int, payload: str) -> RankProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_ROOT, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
@@ -319,7 +275,7 @@ class _Launch:
             finally:
                 os.close(res_w)
         fds = {"out": p.stdout.fileno(), "err": p.stderr.fileno(), "res": res_r}
-        return _Rank(rank, p.pid, fds, popen=p)
+        return RankProcess(rank, p.pid, fds, popen=p)
 
     # -- watching ------------------------------------------------------------------------------
     def _supervise(self, deadline: float, board: comm.InflightBoard) -> None:
@@ -333,11 +289,11 @@ class _Launch:
                 now = time.monotonic()
                 if now >= deadline:
                     self._read_ready(sel, 0)
-                    raise self._timeout_error(board)
+                    raise timeout_error(self.ranks, self.world_size, self.timeout, board)
                 self._read_ready(sel, min(0.05, deadline - now))
                 self._check_exits(sel)
                 failures = [r for r in self.ranks if r.outcome and r.outcome[0] != "ok"]
-                if any(self._is_cause(r) for r in failures):
+                if any(is_cause(r, board) for r in failures):
                     break
                 if failures:
                     first_knock_on = first_knock_on or time.monotonic()
@@ -360,7 +316,7 @@ class _Launch:
                     data = b""
                 if not data:
                     sel.unregister(key.fd)
-                    self._close_fd(rank, stream)
+                    rank.close(stream)
                 elif stream == "res":
                     rank.buf += data
                     for frame in read_frames(rank.buf):
@@ -371,7 +327,7 @@ class _Launch:
                 continue  # drain everything that is ready now
             return
 
-    def _on_frame(self, rank: _Rank, frame: bytes) -> None:
+    def _on_frame(self, rank: RankProcess, frame: bytes) -> None:
         import cloudpickle
 
         try:
@@ -391,139 +347,6 @@ class _Launch:
                 if r.outcome is None:
                     r.outcome, r.seen_at = ("died", r.exit_code()), time.time()
 
-    # -- stopping ------------------------------------------------------------------------------
-    def _stop_all(self) -> None:
-        """SIGKILL every rank's process group and every descendant found; reap; close pipes."""
-        found: list[psutil.Process] = []
-        for r in self.ranks:
-            try:
-                found += psutil.Process(r.pid).children(recursive=True)
-            except psutil.Error:
-                pass
-        for r in self.ranks:
-            for kill in (os.killpg, os.kill):
-                try:
-                    kill(r.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for p in found:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        for r in self.ranks:
-            self._reap(r)
-        psutil.wait_procs(found, timeout=2)
-        for r in self.ranks:
-            for stream in list(r.fds):
-                self._close_fd(r, stream)
-
-    @staticmethod
-    def _reap(r: _Rank) -> None:
-        if r.reaped:
-            return
-        if r.popen is not None:
-            try:
-                r.popen.wait(timeout=10)
-                r.reaped = True
-            except subprocess.TimeoutExpired:
-                pass
-            return
-        end = time.monotonic() + 10  # a process in uninterruptible sleep can take a moment
-        while time.monotonic() < end:
-            try:
-                pid, _ = os.waitpid(r.pid, os.WNOHANG)
-            except ChildProcessError:
-                r.reaped = True
-                return
-            if pid:
-                r.reaped = True
-                return
-            time.sleep(0.005)
-
-    @staticmethod
-    def _close_fd(r: _Rank, stream: str) -> None:
-        fd = r.fds.pop(stream, None)
-        if fd is None:
-            return
-        if r.popen is not None and stream in ("out", "err"):
-            (r.popen.stdout if stream == "out" else r.popen.stderr).close()
-        else:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    # -- explaining ----------------------------------------------------------------------------
-    def _is_cause(self, r: _Rank) -> bool:
-        """False when the failure looks like a consequence of another rank failing first.
-
-        Knock-on failures: an error that says a peer's connection went away, or a death
-        *inside* a communication call (gloo can crash when a peer vanishes mid-collective).
-        A rank that died outside any call, or raised an error of its own, is a cause.
-        """
-        if r.outcome is None or r.outcome[0] == "ok":
-            return False
-        if r.outcome[0] == "died":
-            slot = self.board.read(r.rank)
-            return slot is None or not slot.active
-        info = r.outcome[1]
-        text = f"{info.get('message', '')}\n{info.get('traceback', '')}"
-        return not any(marker in text for marker in _KNOCK_ON)
-
-    def _failure_error(self, failed: list[_Rank]) -> RankError:
-        reported = [r for r in failed if r.outcome is not None]
-        causes = [r for r in reported if self._is_cause(r)] or reported
-        cause = min(causes, key=lambda r: (_when(r), r.rank))
-        others = [f"rank {r.rank}: {_one_line(r)}" for r in reported if r is not cause]
-        kind, info, code = _describe(cause)
-        stopped = [r.rank for r in self.ranks if r.outcome is None]
-        lines = [f"rank {cause.rank} of {self.world_size} {_one_line(cause)}"]
-        if info.get("traceback") and kind != "result":
-            lines += ["", f"Traceback from rank {cause.rank}:", info["traceback"].rstrip()]
-        output = self.pump.tail(cause.rank)
-        if kind in ("exit", "signal") and output:
-            lines += ["", f"Last output of rank {cause.rank}:", output]
-        if others:
-            lines += ["", "Also failed (most likely because of the above):"] + [f"  {o}" for o in others]
-        if stopped:
-            lines += ["", f"Ranks {', '.join(map(str, stopped))} were stopped."]
-        exception = None
-        if info.get("exception"):
-            import cloudpickle
-            try:
-                exception = cloudpickle.loads(info["exception"])
-            except Exception:  # noqa: BLE001 - an exception class that cannot be rebuilt here
-                exception = None
-        return RankError("\n".join(lines), rank=cause.rank, world_size=self.world_size, kind=kind,
-                         exc_type=info.get("exc_type"), exception=exception,
-                         traceback=info.get("traceback", ""), exit_code=code, output=output,
-                         others=others)
-
-    def _timeout_error(self, board: comm.InflightBoard) -> SpawnTimeout:
-        running = [r for r in self.ranks if r.outcome is None]
-        stacks = _dump_stacks(running, board)
-        now = time.time()
-        stuck: dict[int, str] = {}
-        for r in running:
-            slot = board.read(r.rank)
-            where = slot.describe(now) if slot else "had not made any communication call"
-            stack = stacks.get(r.rank, "")
-            stuck[r.rank] = where + (f"\n{stack}" if stack else "")
-        finished = [r.rank for r in self.ranks if r.outcome is not None]
-        lines = [f"spawn timed out after {self.timeout:g} s with rank(s) "
-                 f"{', '.join(str(r.rank) for r in running)} of {self.world_size} still running"
-                 + (f" (rank(s) {', '.join(map(str, finished))} had returned)" if finished else "")
-                 + "; every rank was stopped."]
-        for rank, text in stuck.items():
-            first, *rest = text.split("\n")
-            lines.append(f"  rank {rank}: {first}")
-            lines += [f"    {line}" for line in rest]
-        lines.append("A rank that skips a collective its peers make, or a recv with no matching "
-                     "send, hangs like this. If the work is just slow, pass a larger timeout=.")
-        return SpawnTimeout("\n".join(lines), timeout=self.timeout, stuck=stuck, finished=finished)
-
-
 def _pickle_work(fn: Callable, args: tuple) -> bytes:
     import cloudpickle
 
@@ -537,96 +360,3 @@ def _pickle_work(fn: Callable, args: tuple) -> bytes:
             "(Linux, CPU).") from exc
 
 
-def _dump_stacks(running: list[_Rank], board: comm.InflightBoard) -> dict[int, str]:
-    """Ask each running rank for its Python stack (faulthandler on SIGUSR1) and read it back."""
-    workdir = os.path.dirname(board.path)
-    paths = {r.rank: worker.stack_path(workdir, r.rank) for r in running}
-    for r in running:
-        try:
-            os.kill(r.pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
-    end = time.monotonic() + 1.0
-    while time.monotonic() < end and not all(_size(p) for p in paths.values()):
-        time.sleep(0.02)
-    time.sleep(0.05)  # let the last lines land
-    return {rank: _user_frames(_read(p)) for rank, p in paths.items()}
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def _user_frames(dump: str) -> str:
-    """The frames of the rank's own code in a faulthandler dump, oldest first.
-
-    faulthandler lists the innermost frame first. Frames of torch.distributed and the recorder
-    are dropped; the launcher's frame marks the bottom of the rank's work (below it, a forked
-    rank still carries a copy of the caller's stack, which did not run here).
-    """
-    launcher = os.path.join("toolkit", "launch") + os.sep
-    noise = (os.path.join("toolkit", "comm") + os.sep, os.path.join("torch", "distributed") + os.sep)
-    frames: list[str] = []
-    for line in dump.splitlines():
-        line = line.strip()
-        if line.startswith(("Thread ", "Current thread ", "Stack ")) and frames:
-            break  # only the first (signalled) thread: the rank's main thread
-        if not line.startswith("File "):
-            continue
-        if launcher in line:
-            break
-        if not any(s in line for s in noise):
-            frames.append(line)
-    if not frames:  # stuck before reaching user code: show the innermost frames as they are
-        frames = [l.strip() for l in dump.splitlines() if l.strip().startswith("File ")][:5]
-    frames = frames[:10][::-1]
-    return ("Python stack (most recent call last):\n" + "\n".join(f"  {f}" for f in frames)) if frames else ""
-
-
-def _when(r: _Rank) -> float:
-    if r.outcome and r.outcome[0] == "error":
-        return r.outcome[1].get("time", r.seen_at)
-    return r.seen_at
-
-
-def _describe(r: _Rank) -> tuple[str, dict, int | None]:
-    assert r.outcome is not None
-    if r.outcome[0] == "died":
-        code = r.outcome[1]
-        return ("signal" if code is not None and code < 0 else "exit"), {}, code
-    info = r.outcome[1]
-    return info["kind"], info, None
-
-
-def _one_line(r: _Rank) -> str:
-    kind, info, code = _describe(r)
-    if kind == "signal":
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        extra = {"SIGSEGV": " (segmentation fault)", "SIGKILL": " (out of memory, or killed)",
-                 "SIGABRT": " (aborted)"}.get(name, "")
-        return f"was killed by {name}{extra} before returning"
-    if kind == "exit":
-        return f"exited with code {code} before returning (os._exit or a crash in C code)"
-    message = info["message"].splitlines()[0] if info["message"] else ""
-    if kind == "init":
-        return f"failed to join the process group: {info['exc_type']}: {message}"
-    if kind == "result":
-        return (f"returned a value that cannot be sent back to the parent ({info['exc_type']}: "
-                f"{message}). Return plain data: numbers, lists, dicts, tensors, numpy arrays.")
-    if info["exc_type"] == "SystemExit":
-        return f"called sys.exit({message}) instead of returning"
-    return f"raised {info['exc_type']}: {message}"
