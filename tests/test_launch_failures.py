@@ -204,3 +204,18 @@ def test_without_waitid_deaths_and_results_are_still_seen(monkeypatch):
 def generator_free_rank(rank, world_size):
     dist.barrier()
     return rank
+
+
+def print_forever(rank, world_size):
+    while True:
+        print("still going " * 8)
+
+
+def test_a_rank_printing_forever_still_times_out(capsys):
+    t0 = time.monotonic()
+    with pytest.raises(SpawnTimeout) as info:
+        spawn(print_forever, 2, timeout=3)
+    assert time.monotonic() - t0 < 3 + 10
+    assert sorted(info.value.stuck) == [0, 1]
+    out, _ = capsys.readouterr()
+    assert len(out) < 2 * 1.2e6  # echo stays capped at ~1 MB per rank

@@ -48,6 +48,7 @@ DEFAULT_TIMEOUT = 120.0
 """Seconds a whole launch may take by default (start-up included)."""
 
 _SETTLE = 1.0  # s to wait for the real cause after a knock-on error arrives first
+_DRAIN = 0.25  # s at most spent draining ready pipes in one go
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Forks and the closing of the parent's pipe ends happen under this lock, so that a launch
 # running on another thread cannot fork a copy of our pipes' write ends (no EOF otherwise).
@@ -304,6 +305,10 @@ class _Launch:
             sel.close()
 
     def _read_ready(self, sel: selectors.BaseSelector, wait: float) -> None:
+        """Read what the ranks wrote. ``wait > 0``: one batch, waiting up to `wait` s for it.
+        ``wait == 0``: drain what is ready, for at most _DRAIN s (a rank printing without end
+        must not keep the loop from its deadline)."""
+        stop = time.monotonic() + _DRAIN
         while True:
             ready = sel.select(wait)
             if not ready:
@@ -323,8 +328,8 @@ class _Launch:
                         self._on_frame(rank, frame)
                 else:
                     self.pump.feed(rank.rank, stream, data)
-            if wait == 0:
-                continue  # drain everything that is ready now
+            if wait == 0 and time.monotonic() < stop:
+                continue
             return
 
     def _on_frame(self, rank: RankProcess, frame: bytes) -> None:
@@ -346,6 +351,7 @@ class _Launch:
                 self._read_ready(sel, 0)
                 if r.outcome is None:
                     r.outcome, r.seen_at = ("died", r.exit_code()), time.time()
+
 
 def _pickle_work(fn: Callable, args: tuple) -> bytes:
     import cloudpickle
