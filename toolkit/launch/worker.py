@@ -171,8 +171,9 @@ def _init_group(spec: RankSpec) -> Any:
     dev = rank_device(spec.backend, spec.rank)
     timeout = datetime.timedelta(seconds=spec.pg_timeout)
     # A FileStore in the launch's private folder, not a TCPStore: no port to pick or collide
-    # on, and on this kind of machine a TCPStore client connect stalled for exactly 5 s in
-    # about 8 % of launches (0 in 100 with a FileStore; benchmarks/launch_overhead.py).
+    # on. On this kind of machine a TCPStore client connect stalled for exactly 5 s (a name
+    # resolver's timeout) in 5 of 60 launches; with a FileStore, 0 of 100. The max column of
+    # benchmarks/launch_overhead.py shows such stalls when they happen.
     store = store_for(spec.workdir, spec.world_size)
     kwargs: dict[str, Any] = {}
     if spec.backend == "nccl":
