@@ -39,11 +39,11 @@ def is_cause(r: RankProcess, board: InflightBoard) -> bool:
     text = f"{info.get('message', '')}\n{info.get('traceback', '')}"
     return not any(marker in text for marker in KNOCK_ON)
 
+
 def failure_error(ranks: list[RankProcess], world_size: int, board: InflightBoard,
                   pump: OutputPump) -> RankError:
     """The error for a launch in which some rank failed: the cause, with its traceback."""
-    failed = [r for r in ranks if r.outcome is None or r.outcome[0] != "ok"]
-    reported = [r for r in failed if r.outcome is not None]
+    reported = [r for r in ranks if r.outcome is not None and r.outcome[0] != "ok"]
     causes = [r for r in reported if is_cause(r, board)] or reported
     cause = min(causes, key=lambda r: (_when(r), r.rank))
     others = [f"rank {r.rank}: {_one_line(r)}" for r in reported if r is not cause]
@@ -58,7 +58,8 @@ def failure_error(ranks: list[RankProcess], world_size: int, board: InflightBoar
     if others:
         lines += ["", "Also failed (most likely because of the above):"] + [f"  {o}" for o in others]
     if stopped:
-        lines += ["", f"Ranks {', '.join(map(str, stopped))} were stopped."]
+        lines += ["", f"{'Rank' if len(stopped) == 1 else 'Ranks'} "
+                      f"{', '.join(map(str, stopped))} {'was' if len(stopped) == 1 else 'were'} stopped."]
     exception = None
     if info.get("exception"):
         import cloudpickle
@@ -70,6 +71,7 @@ def failure_error(ranks: list[RankProcess], world_size: int, board: InflightBoar
                      exc_type=info.get("exc_type"), exception=exception,
                      traceback=info.get("traceback", ""), exit_code=code, output=output,
                      others=others)
+
 
 def timeout_error(ranks: list[RankProcess], world_size: int, timeout: float,
                   board: InflightBoard) -> SpawnTimeout:

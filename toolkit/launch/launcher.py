@@ -338,9 +338,7 @@ class _Launch:
         try:
             outcome = cloudpickle.loads(frame)
         except Exception as exc:  # noqa: BLE001 - e.g. a class the parent cannot import
-            info = {"kind": "result", "exc_type": type(exc).__name__, "message": str(exc),
-                    "traceback": "", "exception": None, "time": time.time()}
-            outcome = ("error", info, [])
+            outcome = ("error", worker.error_info("result", type(exc).__name__, str(exc)), [])
         if rank.outcome is None:
             rank.outcome, rank.seen_at = outcome, time.time()
 

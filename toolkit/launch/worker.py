@@ -160,7 +160,7 @@ def _setup_process(spec: RankSpec) -> Any:
     return stack_file
 
 
-def _init_group(spec: RankSpec) -> Any:
+def _init_group(spec: RankSpec) -> None:
     import torch.distributed as dist
 
     from .. import comm
@@ -182,7 +182,6 @@ def _init_group(spec: RankSpec) -> Any:
                             world_size=spec.world_size, timeout=timeout, **kwargs)
     set_context(RankContext(spec.rank, spec.world_size, spec.rank, spec.world_size,
                             spec.backend, dev))
-    return store
 
 
 def _error_frame(kind: str, exc: BaseException, events: list) -> bytes:
@@ -194,9 +193,14 @@ def _error_frame(kind: str, exc: BaseException, events: list) -> bytes:
         exc_bytes: bytes | None = dumps(exc)
     except Exception:
         exc_bytes = None
-    info = {"kind": kind, "exc_type": type(exc).__name__, "message": str(exc),
-            "traceback": text, "exception": exc_bytes, "time": time.time()}
-    return dumps(("error", info, events))
+    return dumps(("error", error_info(kind, type(exc).__name__, str(exc), text, exc_bytes), events))
+
+
+def error_info(kind: str, exc_type: str, message: str, traceback_text: str = "",
+               exception: bytes | None = None) -> dict[str, Any]:
+    """The ``info`` of an ``("error", info, events)`` outcome; `time` orders failures."""
+    return {"kind": kind, "exc_type": exc_type, "message": message,
+            "traceback": traceback_text, "exception": exception, "time": time.time()}
 
 
 def run_rank(spec: RankSpec, fn: Callable[..., Any], args: tuple, result_fd: int) -> NoReturn:
