@@ -252,3 +252,43 @@ def test_a_failed_launch_still_hands_over_what_reporting_ranks_recorded():
             spawn(fails_after_talking, 2, timeout=60)
     # Rank 1 reported (with its events); rank 0 was stopped mid-call and sent nothing.
     assert [(e.rank, e.op, e.nbytes) for e in trace] == [(1, "all_reduce", 8)]
+
+
+# -- values, offsets and matched messages ------------------------------------------------------
+
+def _send_slices(rank, world_size):
+    buf = torch.arange(10.0) + 100 * rank
+    if rank == 0:
+        dist.send(buf[2:5], dst=1)            # a slice: offset 2
+        dist.isend(torch.zeros(50), dst=1).wait()  # longer than the values cap: no values kept
+    else:
+        dist.recv(buf[:3], src=0)
+        dist.irecv(torch.empty(50), src=0).wait()
+    return buf[:3].tolist()
+
+
+def test_recording_keeps_values_offsets_and_pairs_messages():
+    with comm.recording(values=8) as trace:
+        got = spawn(_send_slices, 2, timeout=30)
+    assert got[1] == [2.0, 3.0, 4.0]
+    first, second = trace.messages()
+    assert (first.src, first.dst, first.index, first.nbytes) == (0, 1, 0, 12)
+    assert first.send.offset == 2 and first.send.values == (2.0, 3.0, 4.0)
+    assert first.recv.offset == 0 and first.recv.values is None  # values are kept for sends
+    assert second.index == 1 and second.send.values is None and second.end is not None
+    assert trace.to_frame()["offset"].tolist()[:1] in ([2], [0])
+
+
+def test_recording_without_values_keeps_none_and_rejects_negative():
+    with comm.recording() as trace:
+        spawn(_send_slices, 2, timeout=30)
+    assert all(e.values is None for e in trace)
+    with pytest.raises(ValueError, match="values"):
+        with comm.recording(values=-1):
+            pass
+
+
+def test_messages_of_a_one_sided_trace_have_the_other_half_missing():
+    trace = Trace([ev(0, 0, "send", 1, 4), ev(0, 1, "send", 1, 4)])
+    msgs = trace.messages()
+    assert [(m.index, m.recv) for m in msgs] == [(0, None), (1, None)]

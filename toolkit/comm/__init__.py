@@ -31,7 +31,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from .events import P2P_OPS, Event, RankTotals, Trace
+from .events import P2P_OPS, Event, Message, RankTotals, Trace
 from .inflight import InflightBoard, InflightOp
 from .patch import (
     RecordedWork,
@@ -51,17 +51,23 @@ DEFAULT_MAX_EVENTS = 200_000
 
 
 @contextmanager
-def recording(*, max_events: int = DEFAULT_MAX_EVENTS) -> Iterator[Trace]:
+def recording(*, max_events: int = DEFAULT_MAX_EVENTS, values: int = 0) -> Iterator[Trace]:
     """Record communication calls made while the block runs; yields the `Trace` it fills.
 
     In a rank, the trace holds this rank's calls. In the parent, `toolkit.launch.spawn` asks
     every rank to record and adds their calls to the trace when the launch returns.
+
+    ``values=k`` also keeps the elements of every send of at most k elements (`Event.values`),
+    for drawing what was sent (partial sums of a ring all-reduce); copying them costs time, so
+    keep k small (a few dozen).
     """
     if max_events < 0:
         raise ValueError(f"recording(max_events=...) must be >= 0, got {max_events}")
+    if values < 0:
+        raise ValueError(f"recording(values=...) must be >= 0 (elements per send), got {values}")
     install()
     trace = Trace()
-    start_recording(trace, max_events)
+    start_recording(trace, max_events, values)
     try:
         yield trace
     finally:
@@ -75,6 +81,7 @@ __all__ = [
     "Event",
     "InflightBoard",
     "InflightOp",
+    "Message",
     "P2P_OPS",
     "RankTotals",
     "RecordedWork",

@@ -53,6 +53,12 @@ class Event:
     """Global ranks of the process group, or None for the default (whole world) group."""
     async_op: bool = False
     """True for isend/irecv and collectives called with ``async_op=True``."""
+    offset: int = 0
+    """Point-to-point: element offset of the tensor in its storage, i.e. which slice of a larger
+    buffer was sent (a chunk of a ring all-reduce). 0 for collectives."""
+    values: tuple | None = None
+    """Sends only, when the recording asked for values (``recording(values=k)``) and the tensor has
+    at most k elements: the elements sent, flattened. Lessons animate partial sums from them."""
 
     @property
     def kind(self) -> str:
@@ -183,10 +189,36 @@ class Trace:
 
         trace = self.relative() if relative else self
         columns = ["rank", "seq", "op", "kind", "peer", "nbytes", "dtype", "shape",
-                   "start", "end", "duration", "group", "async_op"]
+                   "start", "end", "duration", "group", "async_op", "offset", "values"]
         df = pd.DataFrame(trace.to_records(), columns=columns)
         df["peer"] = df["peer"].astype("Int64")  # a rank number or <NA>, not 1.0 / NaN
         return df
+
+    def messages(self) -> list["Message"]:
+        """Point-to-point messages, each send paired with the receive that got it.
+
+        The k-th send from rank a to rank b is matched with the k-th receive on b from a (MPI's
+        and gloo's non-overtaking order for one pair, one tag). Unmatched halves (a trace of one
+        rank, a failed run) come with the other side's fields set to None.
+        """
+        sends: dict[tuple[int, int], list[Event]] = {}
+        recvs: dict[tuple[int, int], list[Event]] = {}
+        for e in sorted(self.events, key=lambda e: (e.rank, e.seq)):
+            if e.peer is None:
+                continue
+            if e.op in P2P_SEND_OPS:
+                sends.setdefault((e.rank, e.peer), []).append(e)
+            elif e.op in P2P_RECV_OPS:
+                recvs.setdefault((e.peer, e.rank), []).append(e)
+        out = []
+        for pair in sorted(set(sends) | set(recvs)):
+            ss, rr = sends.get(pair, []), recvs.get(pair, [])
+            for k in range(max(len(ss), len(rr))):
+                s = ss[k] if k < len(ss) else None
+                r = rr[k] if k < len(rr) else None
+                out.append(Message(src=pair[0], dst=pair[1], index=k, send=s, recv=r))
+        out.sort(key=lambda m: (m.start, m.src, m.dst))
+        return out
 
     def totals_frame(self):
         """A pandas DataFrame of `totals()`, one row per rank."""
@@ -198,3 +230,29 @@ class Trace:
             d["calls"] = ", ".join(f"{k}×{v}" for k, v in sorted(t.calls.items()))
             rows.append(d)
         return pd.DataFrame(rows).set_index("rank") if rows else pd.DataFrame()
+
+
+@dataclass(slots=True)
+class Message:
+    """One point-to-point message: the send event and the matching receive event."""
+
+    src: int
+    dst: int
+    index: int
+    """How many earlier messages went from `src` to `dst` in this trace."""
+    send: Event | None
+    recv: Event | None
+
+    @property
+    def nbytes(self) -> int:
+        return (self.send or self.recv).nbytes
+
+    @property
+    def start(self) -> float:
+        """When the first side of the message was posted."""
+        return min(e.start for e in (self.send, self.recv) if e is not None)
+
+    @property
+    def end(self) -> float | None:
+        """When the receiver had the data (its wait returned), if it did."""
+        return None if self.recv is None else self.recv.end

@@ -82,6 +82,8 @@ class _ThreadState(threading.local):
 _tls = _ThreadState()
 _sinks: list[Trace] = []        # active recordings in this process
 _caps: dict[int, int] = {}      # id(trace) -> max events it keeps
+_value_caps: dict[int, int] = {}  # id(trace) -> largest send whose elements it keeps
+_values_limit = 0                # max of _value_caps: 0 keeps no values (the usual case)
 _board: InflightBoard | None = None
 _rank: int | None = None         # set by the launcher; else asked of torch.distributed
 _seq = itertools.count()
@@ -200,8 +202,16 @@ def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
 
         event = None
         if _sinks:
+            offset, values = 0, None
+            if spec.peer in ("dst", "src") and name in ("send", "isend", "recv", "irecv"):
+                t = arg(args, kwargs, spec.payload)
+                if isinstance(t, torch.Tensor):
+                    offset = t.storage_offset()
+                    if _values_limit and name in ("send", "isend") and t.numel() <= _values_limit:
+                        values = tuple(t.detach().reshape(-1).cpu().tolist())
             event = Event(rank, seq, name, peer, nbytes, dtype, shape, start,
-                          None if is_async else time.time(), _group_ranks(group), is_async)
+                          None if is_async else time.time(), _group_ranks(group), is_async,
+                          offset, values)
             _add(event)
         if is_async and out is not None:
             return RecordedWork(out, event, rank, seq, name, peer, nbytes, dtype)
@@ -253,20 +263,31 @@ def detach() -> None:
     _rank, _board = None, None
 
 
-def start_recording(trace: Trace, max_events: int) -> None:
+def start_recording(trace: Trace, max_events: int, values: int = 0) -> None:
+    global _values_limit
     _caps[id(trace)] = max_events
+    _value_caps[id(trace)] = values
+    _values_limit = max(_value_caps.values())
     _sinks.append(trace)
 
 
 def stop_recording(trace: Trace) -> None:
+    global _values_limit
     if trace in _sinks:
         _sinks.remove(trace)
     _caps.pop(id(trace), None)
+    _value_caps.pop(id(trace), None)
+    _values_limit = max(_value_caps.values(), default=0)
     trace.events.sort(key=lambda e: (e.start, e.rank, e.seq))
 
 
 def active_traces() -> list[Trace]:
     return list(_sinks)
+
+
+def recording_values() -> int:
+    """The largest send whose elements an active recording keeps (0: none)."""
+    return _values_limit
 
 
 def recording_cap(default: int = 200_000) -> int:

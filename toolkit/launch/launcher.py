@@ -110,7 +110,7 @@ def spawn(
     launch = _Launch(fn, args, world_size, chosen, method, float(timeout), echo)
     try:
         return launch.run(record=bool(traces), max_events=comm.patch.recording_cap(),
-                          seed=seed, threads=threads, env=dict(env or {}))
+                          values=comm.patch.recording_values(), seed=seed, threads=threads, env=dict(env or {}))
     finally:
         # Also after a failure: what the ranks that reported had recorded is worth drawing.
         events = launch.events()
@@ -175,7 +175,7 @@ class _Launch:
         self.ranks: list[RankProcess] = []
 
     # -- the launch as a whole ---------------------------------------------------------------
-    def run(self, *, record: bool, max_events: int, seed: int | None, threads: int,
+    def run(self, *, record: bool, max_events: int, values: int, seed: int | None, threads: int,
             env: dict[str, str]) -> list[Any]:
         blob = None
         if self.method == "spawn":
@@ -186,6 +186,7 @@ class _Launch:
         try:
             spec = RankSpec(rank=0, world_size=self.world_size, backend=self.backend,
                             pg_timeout=self.timeout + 15, record=record, max_events=max_events,
+                            values=values,
                             workdir=workdir, seed=seed, threads=threads, env=env,
                             parent_pid=os.getpid())
             try:

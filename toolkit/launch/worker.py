@@ -40,6 +40,8 @@ class RankSpec:
     """Seconds before a collective gives up inside the rank (the parent's timeout comes first)."""
     record: bool
     max_events: int
+    values: int
+    """Keep the elements of sends up to this many elements (`toolkit.comm.recording(values=)`)."""
     workdir: str
     """The launch's private temporary folder (in-flight board, stack dumps, payload)."""
     seed: int | None
@@ -212,7 +214,7 @@ def run_rank(spec: RankSpec, fn: Callable[..., Any], args: tuple, result_fd: int
 
         trace = comm.Trace()
         if spec.record:
-            comm.patch.start_recording(trace, spec.max_events)
+            comm.patch.start_recording(trace, spec.max_events, spec.values)
 
         def events() -> list:
             return [e.as_tuple() for e in trace.events]
