@@ -82,11 +82,12 @@ def _compare_all(rank: int, world_size: int, group_ranks: list[int] | None) -> l
     # Matches torch's own tensor reduce-scatter / all-gather where p divides n.
     x = torch.arange(4.0 * p) * (rank + 1)
     ref = torch.empty(4)
-    dist.reduce_scatter_tensor(ref, x, group=group)
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(ref, x, group=group)
     if not _close(C.ring_reduce_scatter(torch.empty(4), x, group), ref):
         bad.append("reduce_scatter vs reduce_scatter_tensor")
     ref = torch.empty(4 * p)
-    dist.all_gather_into_tensor(ref, x[:4].contiguous(), group=group)
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(
+        ref, x[:4].contiguous(), group=group)
     if not torch.equal(C.ring_all_gather(torch.empty(4 * p), x[:4], group), ref):
         bad.append("all_gather vs all_gather_into_tensor")
     # Scatter and gather, any root, 2-D tensors.

@@ -1,0 +1,25 @@
+"""What collectives cost: α-β models, fitting α and β to measurements, nccl-tests bandwidths.
+
+    from toolkit import cost
+    link = cost.AlphaBeta(alpha=100e-6, beta=1e-9)              # 100 µs per message, 1 GB/s
+    cost.predict("all_reduce", "ring", 64 << 20, p=4, link=link)  # seconds
+    df = cost.measure([("all_reduce", "ring"), ("all_reduce", "torch")],
+                      sizes=[4096, 1 << 20], world_sizes=[2, 4])  # real ranks
+    cost.fit_alpha_beta(df[df.algorithm == "ring"]).link          # α, β of this machine
+
+Models and fits are pure functions (numbers in, numbers out); only `measure` starts ranks.
+`models` holds the formulas and their sources, `fit` the least squares, `measure` the sweep.
+"""
+
+from .fit import Fit, Sample, fit_alpha_beta, relative_errors
+from .measure import TORCH, measure
+from .models import (
+    BUS_FACTOR, COEFFICIENTS, AlphaBeta, algbw, busbw, bytes_sent_per_rank, coefficients,
+    crossover_bytes, predict,
+)
+
+__all__ = [
+    "BUS_FACTOR", "COEFFICIENTS", "TORCH", "AlphaBeta", "Fit", "Sample", "algbw", "busbw",
+    "bytes_sent_per_rank", "coefficients", "crossover_bytes", "fit_alpha_beta", "measure",
+    "predict", "relative_errors",
+]

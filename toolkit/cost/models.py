@@ -1,0 +1,167 @@
+"""α-β cost of every collective algorithm in `toolkit.collectives`, and nccl-tests bandwidths.
+
+The α-β (Hockney) model charges α seconds per message and β seconds per byte; an algorithm that
+needs `a` message rounds and moves `b·n` bytes on its busiest path takes
+
+    t = a·α + b·n·β          (n: bytes of the full tensor, as nccl-tests counts "size")
+
+so every model here is the pair of coefficients (a(p), b(p)) for p ranks (Thakur, Rabenseifner &
+Gropp, IJHPCA 2005; Patarasuk & Yuan, JPDC 2009; table in REFERENCES.md):
+
+====================  ==============  ===============  =============================================
+collective/algorithm  a(p)            b(p)             why
+====================  ==============  ===============  =============================================
+all_reduce/ring       2(p−1)          2(p−1)/p         p−1 reduce-scatter + p−1 all-gather steps of n/p
+all_reduce/ps         2(p−1)          2(p−1)           root receives p−1 tensors, then sends p−1
+all_reduce/sharded_ps 2(p−1)          2(p−1)/p         each rank serves n/p; p−1 messages in, p−1 out
+all_reduce/tree       2⌈log₂p⌉        2⌈log₂p⌉         tree reduce + tree broadcast, whole tensor per hop
+broadcast/linear      p−1             p−1              the root sends the tensor p−1 times
+broadcast/tree        ⌈log₂p⌉         ⌈log₂p⌉          holders double each round
+reduce/linear         p−1             p−1              mirror of the linear broadcast
+reduce/tree           ⌈log₂p⌉         ⌈log₂p⌉          mirror of the tree broadcast
+reduce_scatter/ring   p−1             (p−1)/p          half of the ring all-reduce
+all_gather/ring       p−1             (p−1)/p          the other half
+scatter/linear        p−1             (p−1)/p          one n/p piece to each other rank
+gather/linear         p−1             (p−1)/p          one n/p piece from each other rank
+====================  ==============  ===============  =============================================
+
+Compute (the additions of a reduction) is not modelled: on a CPU it is folded into the fitted β.
+
+Bandwidths as nccl-tests defines them (doc/PERFORMANCE.md): algorithm bandwidth algbw = n / t;
+bus bandwidth busbw = algbw · factor, factor 2(p−1)/p for all-reduce, (p−1)/p for
+reduce-scatter, all-gather and all-to-all, 1 for broadcast and reduce. busbw is what compares with
+a link's peak bandwidth, whatever p is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+def _log2(p: int) -> int:
+    return math.ceil(math.log2(p)) if p > 1 else 0
+
+
+# (a(p), b(p)): messages in sequence, and multiples of n·β on the busiest path.
+COEFFICIENTS: dict[str, dict[str, Callable[[int], tuple[float, float]]]] = {
+    "all_reduce": {
+        "ring": lambda p: (2 * (p - 1), 2 * (p - 1) / p),
+        "ps": lambda p: (2 * (p - 1), 2 * (p - 1)),
+        "sharded_ps": lambda p: (2 * (p - 1), 2 * (p - 1) / p),
+        "tree": lambda p: (2 * _log2(p), 2 * _log2(p)),
+    },
+    "broadcast": {"linear": lambda p: (p - 1, p - 1), "tree": lambda p: (_log2(p), _log2(p))},
+    "reduce": {"linear": lambda p: (p - 1, p - 1), "tree": lambda p: (_log2(p), _log2(p))},
+    "reduce_scatter": {"ring": lambda p: (p - 1, (p - 1) / p)},
+    "all_gather": {"ring": lambda p: (p - 1, (p - 1) / p)},
+    "scatter": {"linear": lambda p: (p - 1, (p - 1) / p)},
+    "gather": {"linear": lambda p: (p - 1, (p - 1) / p)},
+}
+"""Model coefficients by collective and algorithm name (the names `toolkit.collectives` uses)."""
+
+BUS_FACTOR: dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda p: 2 * (p - 1) / p,
+    "reduce_scatter": lambda p: (p - 1) / p,
+    "all_gather": lambda p: (p - 1) / p,
+    "all_to_all": lambda p: (p - 1) / p,
+    "broadcast": lambda p: 1.0,
+    "reduce": lambda p: 1.0,
+    "scatter": lambda p: (p - 1) / p,
+    "gather": lambda p: (p - 1) / p,
+}
+"""nccl-tests' factor from algorithm bandwidth to bus bandwidth (scatter/gather: ours, by the
+same rule: the root's link carries (p−1)/p of the data)."""
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """A link in the α-β model."""
+
+    alpha: float
+    """Latency per message, seconds (e.g. ~1e-4 for gloo over loopback, ~5e-6 for NVLink)."""
+    beta: float
+    """Seconds per byte: 1 / bandwidth (1e-9 is 1 GB/s)."""
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second, 1/β."""
+        return math.inf if self.beta == 0 else 1.0 / self.beta
+
+    def __str__(self) -> str:
+        return f"α = {self.alpha * 1e6:.1f} µs, β = {self.beta * 1e9:.3f} ns/B ({self.bandwidth / 1e9:.2f} GB/s)"
+
+
+def _check(collective: str, algorithm: str, p: int) -> Callable[[int], tuple[float, float]]:
+    if collective not in COEFFICIENTS:
+        raise ValueError(f"no cost model for collective {collective!r}; "
+                         f"choose from {', '.join(COEFFICIENTS)}")
+    table = COEFFICIENTS[collective]
+    if algorithm not in table:
+        raise ValueError(f"no cost model for {collective} algorithm {algorithm!r}; "
+                         f"choose from {', '.join(table)}")
+    if not isinstance(p, (int, np.integer)) or p < 1:
+        raise ValueError(f"world size p must be an int >= 1, got {p!r}")
+    return table[algorithm]
+
+
+def coefficients(collective: str, algorithm: str, p: int) -> tuple[float, float]:
+    """(a, b) of t = a·α + b·n·β for `algorithm` of `collective` on p ranks."""
+    return _check(collective, algorithm, p)(int(p))
+
+
+def predict(collective: str, algorithm: str, nbytes, p: int, link: AlphaBeta):
+    """Predicted seconds for n = `nbytes` (a number or a numpy array) on p ranks over `link`."""
+    a, b = coefficients(collective, algorithm, p)
+    return a * link.alpha + b * np.asarray(nbytes, dtype=float) * link.beta
+
+
+# Bytes the busiest sender sends, as a multiple of n. Equal to b(p) for the symmetric algorithms;
+# for rooted ones b(p) counts the root's link both ways (PS: (p−1)n in, then (p−1)n out).
+SENT: dict[str, dict[str, Callable[[int], float]]] = {
+    "all_reduce": {"ring": lambda p: 2 * (p - 1) / p, "ps": lambda p: p - 1,
+                   "sharded_ps": lambda p: 2 * (p - 1) / p, "tree": lambda p: _log2(p)},
+    "broadcast": {"linear": lambda p: p - 1, "tree": lambda p: _log2(p)},
+    "reduce": {"linear": lambda p: 1 if p > 1 else 0, "tree": lambda p: 1 if p > 1 else 0},
+    "reduce_scatter": {"ring": lambda p: (p - 1) / p},
+    "all_gather": {"ring": lambda p: (p - 1) / p},
+    "scatter": {"linear": lambda p: (p - 1) / p},
+    "gather": {"linear": lambda p: 1 / p if p > 1 else 0},
+}
+
+
+def bytes_sent_per_rank(collective: str, algorithm: str, nbytes: float, p: int) -> float:
+    """Bytes the busiest sender sends for an n-byte collective (ring all-reduce: 2(p−1)/p·n;
+    parameter server: the root's (p−1)·n). Check it against `toolkit.comm`'s recorded totals."""
+    _check(collective, algorithm, p)
+    return SENT[collective][algorithm](int(p)) * nbytes
+
+
+def algbw(nbytes, seconds):
+    """Algorithm bandwidth, bytes/s: n / t (nccl-tests)."""
+    return np.asarray(nbytes, dtype=float) / np.asarray(seconds, dtype=float)
+
+
+def busbw(collective: str, nbytes, seconds, p: int):
+    """Bus bandwidth, bytes/s: algbw × the collective's factor (see `BUS_FACTOR`)."""
+    if collective not in BUS_FACTOR:
+        raise ValueError(f"no bus-bandwidth factor for {collective!r}; "
+                         f"choose from {', '.join(BUS_FACTOR)}")
+    return algbw(nbytes, seconds) * BUS_FACTOR[collective](int(p))
+
+
+def crossover_bytes(collective: str, first: str, second: str, p: int, link: AlphaBeta) -> float:
+    """Message size above which `first` is faster than `second` (inf: never; 0: always).
+
+    From a₁α + b₁nβ = a₂α + b₂nβ  ⇒  n* = (a₁ − a₂)α / ((b₂ − b₁)β).
+    """
+    a1, b1 = coefficients(collective, first, p)
+    a2, b2 = coefficients(collective, second, p)
+    if b2 - b1 <= 0:  # `first` moves at least as many bytes: it only wins on latency, if at all
+        return 0.0 if a1 < a2 or (a1 == a2 and b1 < b2) else math.inf
+    if link.beta == 0:
+        return math.inf if a1 > a2 else 0.0
+    return max(0.0, (a1 - a2) * link.alpha / ((b2 - b1) * link.beta))
