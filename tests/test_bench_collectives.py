@@ -1,0 +1,76 @@
+"""benchmarks/collectives.py (the nccl-tests-style command) and the results folder format."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from toolkit.cost.results import FORMAT, load_all, load_results, machine_meta, save_results
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_collectives", ROOT / "benchmarks" / "collectives.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_size_parsing():
+    bench = _bench()
+    assert bench.parse_sizes("4K:64K") == [4096, 16384, 65536]
+    assert bench.parse_sizes("1K:8K:2") == [1024, 2048, 4096, 8192]
+    assert bench.parse_sizes("4096,1M,64MB") == [4096, 1 << 20, 64 << 20]
+    for bad in ("4Q", "64M:4K", "0"):
+        with pytest.raises(Exception, match="size|range"):
+            bench.parse_sizes(bad)
+
+
+@pytest.mark.multirank
+def test_small_run_prints_tables_and_saves_a_results_folder(tmp_path, capsys):
+    bench = _bench()
+    out = tmp_path / "laptop"
+    code = bench.main(["--collectives", "all_reduce,all_gather", "--algorithms", "ring,torch",
+                       "--sizes", "4K,64K", "--world-sizes", "2", "--repeats", "1",
+                       "--min-time", "0.001", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "# all_reduce, 2 ranks, gloo" in text and "busbw" in text
+    assert "toolkit time / torch built-in time" in text and "α-β fit per algorithm" in text
+    table, meta = load_results(out)
+    assert len(table) == 2 * 2 * 2 and meta["backend"] == "gloo" and meta["format"] == FORMAT
+    assert meta["args"]["world_sizes"] == "2"
+    html = (out / "report.html").read_text()
+    assert "plotly" in html and "all_reduce, p=2" in html
+
+
+def test_bad_arguments_exit_with_a_message(capsys):
+    bench = _bench()
+    with pytest.raises(SystemExit):
+        bench.main(["--collectives", "all_to_al"])
+    assert "unknown 'all_to_al'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--world-sizes", "two"])
+    assert "integers" in capsys.readouterr().err
+
+
+def test_results_round_trip_and_stacking(tmp_path):
+    table = pd.DataFrame({"collective": ["all_reduce"], "algorithm": ["ring"], "p": [2],
+                          "nbytes": [4096], "seconds": [1e-4]})
+    for name in ("laptop", "gpu"):
+        save_results(table, tmp_path / name, machine_meta("gloo"))
+    both = load_all([tmp_path / "laptop", tmp_path / "gpu"])
+    assert list(both.run) == ["laptop", "gpu"]
+    assert not list(tmp_path.glob("*/.*.tmp"))
+    with pytest.raises(FileNotFoundError, match="not a results folder"):
+        load_results(tmp_path / "missing")
+    meta = json.loads((tmp_path / "gpu" / "meta.json").read_text())
+    meta["format"] = 999
+    (tmp_path / "gpu" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="re-run"):
+        load_results(tmp_path / "gpu")
