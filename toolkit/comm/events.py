@@ -54,8 +54,10 @@ class Event:
     async_op: bool = False
     """True for isend/irecv and collectives called with ``async_op=True``."""
     offset: int = 0
-    """Point-to-point: element offset of the tensor in its storage, i.e. which slice of a larger
-    buffer was sent (a chunk of a ring all-reduce). 0 for collectives."""
+    """Point-to-point: the tensor's ``storage_offset()``, in elements from the start of its
+    *storage* (not of any view the caller thinks of as "the tensor"), i.e. which slice of a
+    larger buffer was sent. Differences between a rank's offsets locate chunks (a ring
+    all-reduce's sends); a receive into a scratch buffer says nothing. 0 for collectives."""
     values: tuple | None = None
     """Sends only, when the recording asked for values (``recording(values=k)``) and the tensor has
     at most k elements: the elements sent, flattened. Lessons animate partial sums from them."""

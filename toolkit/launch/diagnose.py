@@ -94,8 +94,10 @@ def timeout_error(ranks: list[RankProcess], world_size: int, timeout: float,
         first, *rest = text.split("\n")
         lines.append(f"  rank {rank}: {first}")
         lines += [f"    {line}" for line in rest]
-    lines.append("A rank that skips a collective its peers make, or a recv with no matching "
-                 "send, hangs like this. If the work is just slow, pass a larger timeout=.")
+    lines.append("A rank that skips a collective its peers make, a recv with no matching send, "
+                 "or a cycle of blocking sends (every rank in send, each waiting for its peer "
+                 "to post a recv, as in a ring of send-then-recv on gloo) hangs like this. "
+                 "If the work is just slow, pass a larger timeout=.")
     return SpawnTimeout("\n".join(lines), timeout=timeout, stuck=stuck, finished=finished)
 
 
