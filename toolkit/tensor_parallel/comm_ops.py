@@ -18,8 +18,8 @@ class                              forward              backward             pap
 
 Why conjugate: if the forward copies a tensor to p ranks that each use it, the gradient is the
 *sum* of the p uses (all-reduce); if the forward sums p partial results, each rank's partial
-result gets the whole gradient (identity). Sequence parallelism (Korthikanti et al., 2022,
-section 4.2.2) splits each all-reduce into its two halves, reduce-scatter + all-gather, and keeps
+result gets the whole gradient (identity). Sequence parallelism (Korthikanti et al., 2022)
+splits each all-reduce into its two halves, reduce-scatter + all-gather, and keeps
 the activations between them sharded along the sequence: the same bytes on the wire, 1/p of the
 LayerNorm/dropout activations in memory. Careful: that paper's ``g`` is not the 2019 paper's
 ``g``; its ``g``/``ḡ`` replace the 2019 ``f``/``g`` respectively.
