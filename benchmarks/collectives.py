@@ -52,14 +52,6 @@ def parse_sizes(text: str) -> list[int]:
     return [parse_size(s) for s in text.split(",")]
 
 
-def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" or n == int(n) else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def print_tables(df) -> None:
     for (collective, p), block in df.groupby(["collective", "p"], sort=False):
         algs = list(dict.fromkeys(block.algorithm))
@@ -71,7 +63,7 @@ def print_tables(df) -> None:
             for a in algs:
                 r = row[row.algorithm == a].iloc[0]
                 cells.append(f"{r.seconds * 1e6:>18.1f} {r.algbw / 1e9:>6.2f} {r.busbw / 1e9:>6.2f}")
-            print(f"{human(nbytes):>10} {row.numel.iloc[0]:>10}  " + "  ".join(cells))
+            print(f"{cost.human_bytes(nbytes):>10} {row.numel.iloc[0]:>10}  " + "  ".join(cells))
 
 
 def print_ratios(df) -> None:
@@ -85,7 +77,7 @@ def print_ratios(df) -> None:
             if alg == cost.TORCH:
                 continue
             mine = block[block.algorithm == alg].set_index("nbytes").seconds
-            ratios = "  ".join(f"{human(n)}: {mine[n] / ref[n]:.2f}" for n in mine.index if n in ref)
+            ratios = "  ".join(f"{cost.human_bytes(n)}: {mine[n] / ref[n]:.2f}" for n in mine.index if n in ref)
             print(f"{collective:>15} {alg:>11} p={p}:  {ratios}")
 
 

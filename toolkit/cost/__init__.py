@@ -8,9 +8,11 @@
     cost.fit_alpha_beta(df[df.algorithm == "ring"]).link          # α, β of this machine
 
 Models and fits are pure functions (numbers in, numbers out); only `measure` starts ranks.
-`models` holds the formulas and their sources, `fit` the least squares, `measure` the sweep.
+`models` holds the formulas and their sources, `choose` which algorithm they pick, `fit` the
+least squares, `measure` the sweep, `results` the folder format for saved sweeps.
 """
 
+from .choose import fastest, human_bytes, switch_points
 from .fit import Fit, Sample, fit_alpha_beta, relative_errors
 from .measure import TORCH, measure
 from .models import (
@@ -20,6 +22,6 @@ from .models import (
 
 __all__ = [
     "BUS_FACTOR", "COEFFICIENTS", "TORCH", "AlphaBeta", "Fit", "Sample", "algbw", "busbw",
-    "bytes_sent_per_rank", "coefficients", "crossover_bytes", "fit_alpha_beta", "measure",
-    "predict", "relative_errors",
+    "bytes_sent_per_rank", "coefficients", "crossover_bytes", "fastest", "fit_alpha_beta",
+    "human_bytes", "measure", "predict", "relative_errors", "switch_points",
 ]

@@ -103,7 +103,8 @@ def _rank_sweep(rank: int, world_size: int, cases, sizes, dtype, warmup, repeats
         for nbytes in sizes:
             n = _elements(nbytes, dtype, world_size, collective)
             run = _runner(collective, algorithm, n, world_size, rank, dtype, dev)
-            one = max([trial(run, 1) for _ in range(max(1, warmup))])
+            # The last warm-up call estimates one call's time (the first pays cold caches).
+            one = [trial(run, 1) for _ in range(max(1, warmup))][-1]
             # Every rank must run the same number of calls: agree on the slowest estimate.
             est = torch.tensor([one], dtype=torch.float64, device=dev)
             dist.all_reduce(est, op=dist.ReduceOp.MAX)
@@ -138,7 +139,7 @@ def _validate(cases, sizes, world_sizes, repeats, warmup, min_time):
 
 
 def measure(cases: Iterable[tuple[str, str]], *, sizes: Sequence[int], world_sizes: Sequence[int],
-            repeats: int = 5, warmup: int = 1, min_time: float = 0.005,
+            repeats: int = 5, warmup: int = 2, min_time: float = 0.005,
             dtype: torch.dtype = torch.float32,
             backend: str = "auto", timeout: float = 600, progress: bool = False):
     """Time each (collective, algorithm) at each size (bytes) and world size; a DataFrame.
@@ -147,6 +148,9 @@ def measure(cases: Iterable[tuple[str, str]], *, sizes: Sequence[int], world_siz
     seconds (per call: median over trials of the slowest rank), min_seconds (fastest trial),
     algbw and busbw (bytes/s, nccl-tests definitions), backend. `min_time`: seconds one trial
     should last (more back-to-back calls for small sizes).
+
+    Read a size as ``df["nbytes"]`` or through ``itertuples()``: on a row Series, ``row.nbytes``
+    is pandas' own attribute (the row's memory), not this column.
     """
     import pandas as pd
 

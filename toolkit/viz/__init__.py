@@ -1,15 +1,22 @@
-"""Plotly figures of what ranks did: pure functions, data in, figure out.
+"""Plotly figures of what ranks did and what it costs: pure functions, data in, figure out.
 
     from toolkit import comm, viz
 
     with comm.recording() as trace:
         spawn(work, world_size=4)
-    viz.timeline(trace)          # one row per rank, one bar per communication call
-    viz.traffic_matrix(trace)    # point-to-point bytes from rank i to rank j
+    viz.timeline(trace)                 # one row per rank, one bar per communication call
+    viz.traffic_matrix(trace)           # point-to-point bytes from rank i to rank j
+    viz.ring_animation(trace, inputs)   # a recorded ring all-reduce, step by step (ring_table)
+    viz.cost_curves(table, fits)        # measured time vs size, fitted α-β model dotted
+    viz.bus_bandwidth(table)            # nccl-tests bus bandwidth vs size
+    viz.predicted_times(p, link)        # the model's time per algorithm, switch points marked
 
-No function here starts processes or holds widgets; lessons wire sliders to them.
+No function here starts processes or holds widgets; `toolkit.widgets` wires sliders to them.
 """
 
+from .cost import bus_bandwidth, cost_curves, cost_terms, predicted_times, traffic_and_rounds
+from .ring import ring_animation, ring_table
 from .timeline import timeline, traffic_matrix
 
-__all__ = ["timeline", "traffic_matrix"]
+__all__ = ["bus_bandwidth", "cost_curves", "cost_terms", "predicted_times", "ring_animation",
+           "ring_table", "timeline", "traffic_and_rounds", "traffic_matrix"]
