@@ -2,6 +2,7 @@
 #
 #   make lab     set up .venv if needed, then open JupyterLab on lessons/ (CPU)
 #   make test    set up .venv if needed, then run the whole test suite (what .ci/run calls)
+#                (and, the first time, install headless Chromium for the browser test: see browser)
 #
 # Everything is installed into .venv inside the repo from the project's own files. torch is
 # pinned to the CPU build first so that `pip install -e .` (which accepts a range) installs no
@@ -12,20 +13,26 @@ VENV       := .venv
 BIN        := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.installed
+CHROMIUM   := /usr/bin/chromium
+# Set once an apt-get install of Chromium was tried, so a failed one is not retried every run.
+BROWSER_STAMP := $(VENV)/.browser-tried
 PYTEST_ARGS ?=
 
-.PHONY: lab test setup bench clean help
+.PHONY: lab test setup browser bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 setup: $(STAMP)  ## create or refresh .venv (re-runs when pyproject.toml or this file changes)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile binder/overrides.json
 	@echo "Setting up $(VENV) (the first time takes about a minute)..."
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	@# The course's JupyterLab settings, as on Binder: Markdown (the lesson map) opens rendered.
+	@mkdir -p $(VENV)/share/jupyter/lab/settings
+	@cp binder/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	@touch $(STAMP)
 	@echo "$(VENV) is ready: $$($(BIN)/python -c 'import torch; print("torch", torch.__version__)')"
 
@@ -35,11 +42,34 @@ LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: setup  ## open JupyterLab on the lessons (CPU; prints the URL to open)
 	cd lessons && ../$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser $(LAB_ROOT)
 
-test: setup  ## run every test: unit, multi-rank, notebooks
+# tests/test_browser.py runs the lessons in a real (headless) Chromium; without one it skips.
+# Debian's package is the only browser we can get: Playwright's own download needs the open
+# internet. This step never fails the build: no root, no apt-get or a failed install mean skip.
+browser: | $(STAMP)  ## install Chromium for the browser test if missing (Debian, as root; else it skips)
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif [ -e $(BROWSER_STAMP) ]; then \
+	  echo "browser test will be skipped: installing chromium failed before (see $(VENV)/browser-install.log; rm $(BROWSER_STAMP) to retry)"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	  echo "browser test will be skipped: $(CHROMIUM) is missing and installing it needs root (apt-get install chromium)"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "browser test will be skipped: $(CHROMIUM) is missing and there is no apt-get to install it"; \
+	else \
+	  touch $(BROWSER_STAMP); \
+	  echo "Installing chromium for the browser test (apt-get: about 125 MB, 10-20 s on a fast mirror)..."; \
+	  if { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+	         chromium fonts-dejavu-core; } > $(VENV)/browser-install.log 2>&1 && [ -x $(CHROMIUM) ]; then \
+	    echo "$$($(CHROMIUM) --version 2>/dev/null) is installed"; \
+	  else \
+	    echo "browser test will be skipped: apt-get install chromium failed (see $(VENV)/browser-install.log)"; \
+	  fi; \
+	fi
+
+test: setup browser  ## run every test: unit, multi-rank, notebooks, lessons in a browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: setup  ## print the launcher, recorder and lesson figures (benchmarks/)
+bench: setup  ## print the launcher, recorder, collectives and lesson figures (benchmarks/)
 	$(BIN)/python benchmarks/launch_overhead.py
+	$(BIN)/python benchmarks/collectives.py --algorithms ring,torch --sizes 1M,16M,64M
 	$(BIN)/python benchmarks/lesson_resources.py
 
 clean:  ## remove the venv and caches

@@ -1,7 +1,9 @@
-"""The set-up files agree with each other: one torch version, binder installs the project."""
+"""The set-up files agree with each other: one torch version, binder installs the project and
+opens where the README's Binder badge says."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -43,6 +45,30 @@ def test_binder_post_build_installs_the_project_and_is_executable():
     assert "pip install" in post.read_text() and "-e ." in post.read_text()
     runtime = (ROOT / "binder" / "runtime.txt").read_text().strip()
     assert re.fullmatch(r"python-3\.\d+", runtime)
+
+
+def test_binder_runtime_satisfies_requires_python():
+    tomllib = pytest.importorskip("tomllib")
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    lo = re.fullmatch(r">=\s*3\.(\d+)", requires).group(1)
+    runtime = (ROOT / "binder" / "runtime.txt").read_text().strip()
+    assert int(runtime.split(".")[1]) >= int(lo), (runtime, requires)
+
+
+def test_readme_binder_badge_opens_the_rendered_lesson_map():
+    urls = re.findall(r"https://mybinder\.org/v2/gh/[^)\s]+", (ROOT / "README.md").read_text())
+    assert urls, "README.md has no Launch on Binder link"
+    for url in urls:
+        m = re.fullmatch(r"https://mybinder\.org/v2/gh/[\w.-]+/[\w.-]+/[\w./-]+"
+                         r"\?urlpath=lab/tree/(\S+)", url)
+        assert m, f"not a JupyterLab launch URL: {url}"
+        assert (ROOT / m.group(1)).is_file(), f"{url} opens {m.group(1)}, which does not exist"
+    # A .md opens as source text in JupyterLab unless a setting says "Markdown Preview";
+    # postBuild installs that setting from binder/overrides.json.
+    overrides = json.loads((ROOT / "binder" / "overrides.json").read_text())
+    viewers = overrides["@jupyterlab/docmanager-extension:plugin"]["defaultViewers"]
+    assert viewers["markdown"] == "Markdown Preview"
+    assert "binder/overrides.json" in (ROOT / "binder" / "postBuild").read_text()
 
 
 def test_ci_runs_the_readme_test_command():
