@@ -1,9 +1,9 @@
-"""ipywidgets explorers: sliders wired to the pure figures of `toolkit.viz`.
+"""The α-β cost explorer: sliders for p, n, α and 1/β over `toolkit.cost`'s predictions.
 
     from toolkit import widgets
     widgets.cost_explorer(fit.link, p=64)    # last line of a cell: sliders, a verdict, a figure
 
-Each explorer is a thin shell. One pure function maps slider values to what is shown
+The explorer is a thin shell. One pure function maps slider values to what is shown
 (`cost_view`: a figure and a sentence) and is tested without a browser; the explorer object only
 holds the sliders and, on every change, puts that function's output into its `Output` area
 (the figure as plotly's JSON mimetype, which JupyterLab draws; plotly's FigureWidget would need
@@ -18,11 +18,11 @@ from typing import Sequence
 
 import ipywidgets as W
 import plotly.graph_objects as go
-import plotly.io as pio
 
-from . import viz
-from .cost import AlphaBeta, Fit
-from .cost import fastest, human_bytes
+from .. import viz
+from ..cost import AlphaBeta, Fit
+from ..cost import fastest, human_bytes
+from .base import plotly_bundle
 
 P_CHOICES = tuple(2 ** k for k in range(1, 11))
 """World sizes the p slider offers: 2, 4, … 1024 (a log scale)."""
@@ -70,14 +70,6 @@ def _nearest(value: float, choices: Sequence[int]) -> int:
 
 def _clamp(value: float, bounds: tuple[float, float]) -> float:
     return min(max(value, bounds[0]), bounds[1])
-
-
-def plotly_bundle(fig: go.Figure) -> dict:
-    """The figure as a display mime bundle: plotly's JSON mimetype (drawn by JupyterLab's
-    jupyterlab-plotly extension) and a line of text for plain consoles."""
-    bundle = dict(pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict()))
-    bundle["text/plain"] = f"<plotly figure: {fig.layout.title.text or 'untitled'}>"
-    return bundle
 
 
 class CostExplorer:
@@ -147,4 +139,4 @@ def cost_explorer(link: AlphaBeta | Fit | None = None, *, p: int = 64, nbytes: i
 
 
 __all__ = ["ALPHA_US", "BANDWIDTH_GBS", "DEFAULT_LINK", "P_CHOICES", "SIZE_CHOICES",
-           "CostExplorer", "cost_explorer", "cost_view", "plotly_bundle"]
+           "CostExplorer", "cost_explorer", "cost_view"]
