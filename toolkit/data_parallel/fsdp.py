@@ -1,0 +1,307 @@
+"""Fully sharded data parallelism (ZeRO stage 3) from scratch.
+
+Rajbhandari et al., "ZeRO", SC 2020, §5.3; Zhao et al., "PyTorch FSDP", VLDB 2023, §3. Every
+rank stores 1/N_d of each unit's parameters as a flat fp32 shard, so model states cost
+(p + g + K)·Ψ/N_d bytes per rank (16Ψ/N_d with mixed-precision Adam). Per unit and step:
+
+    forward    all-gather the unit's parameters → run it → free them
+    backward   all-gather them again → run its backward → reduce-scatter the gradient → free
+    step       the optimizer updates the local shard only (no communication)
+
+so a rank sends 3 × (N−1)/N · Ψ per step on a ring (two all-gathers, one reduce-scatter), 1.5×
+the 2 × (N−1)/N · Ψ of stages 0-2 (ZeRO §7.2.2).
+
+    fsdp = FullyShardedDataParallel(TinyGPT(cfg))         # each block a unit, the rest the root
+    opt = torch.optim.Adam(fsdp.parameters(), lr=1e-3)     # the shards
+    _, loss = fsdp(x, y); loss.backward(); opt.step(); opt.zero_grad()
+    fsdp.full_state_dict()                                 # loads into a plain TinyGPT
+
+**Units.** `units` (default: ``module.blocks``, else the parameter-holding ``module.layers``)
+run one after another; each holds the parameters found only inside it. Parameters used
+anywhere else (the tied embedding/head of TinyGPT, embeddings, final norm) form the *root*,
+gathered once per forward and kept until its gradient is reduced. Each unit keeps one flat group
+for trainable and one for frozen parameters (frozen ones are sharded too, never stepped).
+
+**How the gathered parameters reach autograd.** A group's gathered buffer ``full`` is a leaf
+tensor; the module's parameters are replaced by views of it, set before each forward. Freeing
+resizes ``full``'s storage to 0, and re-gathering resizes it back and writes into it, so the
+views autograd saved in forward see the parameters again in backward (what PyTorch FSDP1 does).
+A hook on the unit's outputs re-gathers just before its backward; a hook on ``full``'s gradient
+accumulation reduce-scatters the gradient into the shard's ``.grad`` and frees the buffer.
+Writes go through ``.data`` so they do not bump the version counter autograd checks.
+
+`compute_dtype` (e.g. bf16) casts the shard on the way into the all-gather, and floating-point
+inputs; master shards, gradients after the reduce-scatter and the optimizer stay fp32.
+`prefetch=True` starts the next unit's all-gather (asynchronously) as soon as the current one
+has its parameters, in forward (next unit) and backward (previous unit).
+
+Not supported: a unit called twice in one forward, activation checkpointing inside a unit,
+optimizers that are not element-wise over a parameter (the shard is one flat tensor).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..memory import shard_numel
+
+Slot = tuple[nn.Module, str]  # a module and the attribute name a parameter lives under
+
+
+class FlatGroup:
+    """Parameters of one unit with one ``requires_grad``: a flat fp32 shard and a gathered
+    buffer ``full`` (compute dtype) whose storage exists only while gathered."""
+
+    def __init__(self, params: list[tuple[nn.Parameter, list[Slot], str]], *, trainable: bool,
+                 world_size: int, rank: int, compute_dtype: torch.dtype | None, group: Any):
+        self.world_size, self.group, self.trainable = world_size, group, trainable
+        self.numel = sum(p.numel() for p, _, _ in params)
+        self.shard_numel = shard_numel(self.numel, world_size)
+        flat = torch.zeros(world_size * self.shard_numel, dtype=torch.float32)
+        self.entries: list[tuple[int, int, torch.Size, list[Slot], str]] = []
+        offset = 0
+        for p, slots, name in params:
+            flat[offset:offset + p.numel()] = p.detach().reshape(-1).float()
+            self.entries.append((offset, p.numel(), p.shape, slots, name))
+            offset += p.numel()
+        lo = rank * self.shard_numel
+        self.shard = nn.Parameter(flat[lo:lo + self.shard_numel].clone(), requires_grad=trainable)
+        self.dtype = compute_dtype or torch.float32
+        self.full = torch.zeros(world_size * self.shard_numel, dtype=self.dtype,
+                                requires_grad=trainable)
+        self._free()
+        self.pending: tuple[Any, Tensor] | None = None  # (async work, its input) of a prefetch
+        if trainable:
+            self.full.register_post_accumulate_grad_hook(self._reduce_scatter)
+
+    @property
+    def gathered(self) -> bool:
+        return self.full.untyped_storage().nbytes() > 0 or self.pending is not None
+
+    def gather(self, *, async_op: bool = False) -> None:
+        """All-gather the shards into ``full`` (no-op when already gathered or in flight)."""
+        if self.gathered:
+            return
+        self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
+        src = self.shard.detach().to(self.dtype)  # bf16 compute: cast before sending
+        work = dist.all_gather_into_tensor(self.full.data, src, group=self.group,
+                                           async_op=async_op)
+        if async_op:
+            self.pending = (work, src)
+
+    def wait(self) -> None:
+        """Finish a prefetch started with ``gather(async_op=True)``."""
+        if self.pending is not None:
+            self.pending[0].wait()
+            self.pending = None
+
+    def install(self) -> None:
+        """Point every slot at its view of ``full`` (a fresh view each forward, so autograd
+        records it; tied slots get the same view)."""
+        self.wait()
+        for offset, numel, shape, slots, _ in self.entries:
+            view = self.full[offset:offset + numel].view(shape)
+            for module, attr in slots:
+                setattr(module, attr, view)
+
+    def free(self) -> None:
+        self.wait()
+        self._free()
+
+    def _free(self) -> None:
+        self.full.untyped_storage().resize_(0)
+
+    def _reduce_scatter(self, full: Tensor) -> None:
+        """Post-accumulate hook: mean gradient of my shard (reduced in fp32), then free."""
+        grad = full.grad.float()
+        full.grad = None
+        mine = torch.empty(self.shard_numel, dtype=torch.float32)
+        dist.reduce_scatter_tensor(mine, grad, group=self.group)
+        mine.div_(self.world_size)
+        if self.shard.grad is None:
+            self.shard.grad = mine
+        else:
+            self.shard.grad += mine  # gradient accumulation over several backwards
+        self.free()
+
+    def gather_fp32(self) -> Tensor:
+        """The full fp32 parameters (a new tensor; for `full_state_dict`)."""
+        out = torch.empty(self.world_size * self.shard_numel, dtype=torch.float32)
+        dist.all_gather_into_tensor(out, self.shard.detach(), group=self.group)
+        return out
+
+
+class FullyShardedDataParallel(nn.Module):
+    """ZeRO-3 over `module`, unit by unit (module docstring). ``parameters()`` yields the
+    local shards, which the optimizer steps; ``.module`` is the wrapped model."""
+
+    def __init__(self, module: nn.Module, units: Iterable[nn.Module] | None = None, *,
+                 compute_dtype: torch.dtype | None = None, prefetch: bool = False,
+                 process_group: Any = None) -> None:
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError("FullyShardedDataParallel: torch.distributed is not initialised "
+                               "(run inside toolkit.launch.spawn)")
+        if compute_dtype is not None and not compute_dtype.is_floating_point:
+            raise ValueError(f"FullyShardedDataParallel: compute_dtype must be a floating "
+                             f"dtype, got {compute_dtype}")
+        self.module = module
+        self.compute_dtype, self.prefetch, self.group = compute_dtype, prefetch, process_group
+        self.world_size, self.rank = dist.get_world_size(process_group), dist.get_rank(process_group)
+        unit_list = _default_units(module) if units is None else list(units)
+        owner = _owners(module, unit_list)  # parameter id -> unit index (None: root)
+        slots: dict[int, list[Slot]] = {}
+        names: dict[int, str] = {}
+        params: dict[int, nn.Parameter] = {}
+        for mod_name, mod in module.named_modules(remove_duplicate=False):
+            for attr, p in list(mod._parameters.items()):
+                if p is None:
+                    continue
+                slots.setdefault(id(p), []).append((mod, attr))
+                names.setdefault(id(p), f"{mod_name}.{attr}" if mod_name else attr)
+                params[id(p)] = p
+        self.names = {}  # state-dict name -> every name the parameter had (tied: several)
+        groups_by_unit: list[list[FlatGroup]] = [[] for _ in range(len(unit_list) + 1)]
+        for index in range(len(unit_list) + 1):
+            unit = None if index == len(unit_list) else index
+            mine = [i for i in params if owner[i] == unit]
+            for trainable in (True, False):
+                chosen = [(params[i], slots[i], names[i]) for i in mine
+                          if params[i].requires_grad == trainable]
+                if chosen:
+                    groups_by_unit[index].append(FlatGroup(
+                        chosen, trainable=trainable, world_size=self.world_size,
+                        rank=self.rank, compute_dtype=compute_dtype, group=process_group))
+        for mod, attr in (s for i in params for s in slots[i]):
+            del mod._parameters[attr]  # from now on the slot is set from a gathered view
+        self.unit_groups, self.root_groups = groups_by_unit[:-1], groups_by_unit[-1]
+        self.shards = nn.ParameterList(g.shard for gs in groups_by_unit for g in gs)
+        self.aliases = {names[i]: [f"{n}.{a}" if n else a for n, a in _slot_names(module, slots[i])]
+                        for i in params}
+        self._backward_queued = False
+        for index, unit in enumerate(unit_list):
+            unit.register_forward_pre_hook(lambda m, a, i=index: self._pre_forward(i))
+            unit.register_forward_hook(lambda m, a, out, i=index: self._post_forward(i, out))
+
+    # -- forward -------------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.compute_dtype is not None:
+            cast = lambda t: (t.to(self.compute_dtype)  # noqa: E731
+                              if isinstance(t, Tensor) and t.is_floating_point() else t)
+            args, kwargs = tree_map(cast, args), tree_map(cast, kwargs)
+        for g in self.root_groups:
+            g.gather()
+            g.install()
+        out = self.module(*args, **kwargs)
+        if torch.is_grad_enabled():
+            self._hook_outputs(out, self._on_backward)
+        else:
+            for g in self.root_groups:
+                g.free()
+        return out
+
+    def _pre_forward(self, i: int) -> None:
+        for g in self.unit_groups[i]:
+            g.gather()
+            g.install()
+        if self.prefetch and i + 1 < len(self.unit_groups):
+            for g in self.unit_groups[i + 1]:
+                g.gather(async_op=True)
+
+    def _post_forward(self, i: int, out: Any) -> None:
+        for g in self.unit_groups[i]:
+            g.free()
+        if torch.is_grad_enabled():
+            self._hook_outputs(out, lambda: self._pre_backward(i))
+
+    # -- backward ------------------------------------------------------------------------
+    def _hook_outputs(self, out: Any, fn: Any) -> None:
+        """Call `fn` once, when the first gradient w.r.t. one of `out`'s tensors arrives."""
+        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor) and t.requires_grad]
+        fired = [False]
+
+        def hook(grad: Tensor) -> Tensor:
+            if not fired[0]:
+                fired[0] = True
+                fn()
+            return grad
+
+        for t in tensors:
+            t.register_hook(hook)
+
+    def _on_backward(self) -> None:
+        if not self._backward_queued:
+            self._backward_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+
+    def _pre_backward(self, i: int) -> None:
+        self._on_backward()
+        for g in self.unit_groups[i]:
+            g.gather()
+            g.wait()
+        if self.prefetch and i > 0:
+            for g in self.unit_groups[i - 1]:
+                g.gather(async_op=True)
+
+    def _end_backward(self) -> None:
+        """After the whole backward: free what no gradient hook freed (frozen groups, units
+        that took no gradient, the root in a backward that did not reach it)."""
+        self._backward_queued = False
+        for g in self._all_groups():
+            g.free()
+
+    # -- state ---------------------------------------------------------------------------
+    def _all_groups(self) -> list[FlatGroup]:
+        return [g for gs in (*self.unit_groups, self.root_groups) for g in gs]
+
+    def unsharded_tensors(self) -> list[Tensor]:
+        """The gathered buffers (storage of 0 bytes while freed), for memory measurement."""
+        return [g.full for g in self._all_groups()]
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """Full fp32 parameters under the wrapped module's own names (every name of a tied
+        parameter), plus its buffers. A collective: every rank must call it."""
+        out: dict[str, Tensor] = {}
+        for g in self._all_groups():
+            flat = g.gather_fp32()
+            for offset, numel, shape, _, name in g.entries:
+                value = flat[offset:offset + numel].view(shape).clone()
+                for alias in self.aliases[name]:
+                    out[alias] = value
+        for name, buf in self.module.named_buffers():
+            out[name] = buf.detach().clone()
+        return out
+
+
+def _default_units(module: nn.Module) -> list[nn.Module]:
+    for attr in ("blocks", "layers"):
+        children = getattr(module, attr, None)
+        if isinstance(children, (nn.ModuleList, nn.Sequential)):
+            return [m for m in children if any(True for _ in m.parameters())]
+    return []
+
+
+def _owners(module: nn.Module, units: list[nn.Module]) -> dict[int, int | None]:
+    """Parameter id -> the unit whose subtree holds *every* use of it; None (root) for
+    parameters used outside all units or in two units (tied across units)."""
+    where: dict[int, set[int | None]] = {}
+    unit_of = {id(m): i for i, u in enumerate(units) for m in u.modules()}
+    for mod in module.modules():
+        for p in mod._parameters.values():
+            if p is not None:
+                where.setdefault(id(p), set()).add(unit_of.get(id(mod)))
+    return {pid: (next(iter(us)) if len(us) == 1 else None) for pid, us in where.items()}
+
+
+def _slot_names(module: nn.Module, slots: list[Slot]) -> list[tuple[str, str]]:
+    names = {id(m): n for n, m in module.named_modules(remove_duplicate=False)}
+    return [(names[id(m)], attr) for m, attr in slots]
+
+
+__all__ = ["FlatGroup", "FullyShardedDataParallel"]
