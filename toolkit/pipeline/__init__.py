@@ -1,0 +1,48 @@
+"""Pipeline parallelism: schedules as data, their bubbles in theory, and a real executor.
+
+A model's layers are cut into p stages, one per rank; a batch is cut into m micro-batches that
+flow through the stages like a production line. While the line fills and drains, some stages
+wait: the *bubble*. Sources: GPipe (Huang et al., NeurIPS 2019), 1F1B / PipeDream-Flush
+(Narayanan et al., ICML 2021), interleaved 1F1B (Narayanan et al., "Efficient Large-Scale
+Language Model Training on GPU Clusters Using Megatron-LM", SC 2021).
+
+    from toolkit.pipeline import make_schedule, check_schedule, simulate, run_pipeline
+    s = make_schedule("1f1b", p=4, m=8)       # per stage, its ops: F0 F1 F2 F3 B0 F4 …
+    simulate(s, forward=1, backward=2).bubble  # 3/11 = (p−1)/(m+p−1)
+    run = run_pipeline(model.layers, x, y, schedule=s)   # 4 gloo ranks; run.table, run.grads
+
+==============  ==================================================================================
+module          holds
+==============  ==================================================================================
+`schedules`     `Op`, `Schedule`, `naive`, `gpipe`, `one_f_one_b`, `interleaved`, `make_schedule`,
+                `as_schedule` (lists of "F3"/"B3.1" strings into a Schedule)
+`validate`      `problems` (kinds: shape, missing, duplicate, order, mismatch, deadlock,
+                in_flight), `check_schedule`, `ScheduleError`, `in_flight`, `needs`, `run_order`
+`bubble`        formulas: `bubble_fraction`, `bubble_time_ratio`, `pipeline_time`,
+                `peak_activations`
+`simulate`      `simulate` (ideal timeline from op times), `idle_fraction`, `stage_times`
+`work`          `Delay` (a layer that sleeps a known time per sample), `delay_blocks`
+`executor`      `run_pipeline` (spawns p ranks), `run_stage` (one rank's part), `assign_layers`
+==============  ==================================================================================
+"""
+
+from .bubble import bubble_fraction, bubble_time_ratio, peak_activations, pipeline_time
+from .executor import PipelineRun, assign_layers, run_pipeline, run_stage
+from .schedules import (
+    NAMES, Op, Schedule, as_op, as_schedule, gpipe, interleaved, make_schedule, naive,
+    one_f_one_b,
+)
+from .simulate import COLUMNS, Timeline, idle_fraction, simulate, stage_times
+from .validate import (
+    KINDS, Problem, ScheduleError, check_schedule, in_flight, needs, problems, run_order,
+)
+from .work import Delay, delay_blocks, no_delay
+
+__all__ = [
+    "COLUMNS", "KINDS", "NAMES", "Delay", "Op", "PipelineRun", "Problem", "Schedule",
+    "ScheduleError", "Timeline", "as_op", "as_schedule", "assign_layers", "bubble_fraction",
+    "bubble_time_ratio", "check_schedule", "delay_blocks", "gpipe", "idle_fraction", "in_flight",
+    "interleaved", "make_schedule", "naive", "needs", "no_delay", "one_f_one_b",
+    "peak_activations", "pipeline_time", "problems", "run_order", "run_pipeline", "run_stage",
+    "simulate", "stage_times",
+]

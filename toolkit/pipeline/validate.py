@@ -1,0 +1,252 @@
+"""Is a schedule runnable? Problems in plain words, for lessons, tests and a lab's grader.
+
+`problems(schedule)` returns a list of `Problem`s (empty when the schedule is fine); each has a
+`kind` a grader can count and a `message` a student can read. `check_schedule` raises
+`ScheduleError` (a `ValueError`) listing them. The kinds, roughly the usual mistakes in order:
+
+============  ===============================================================================
+kind          meaning
+============  ===============================================================================
+shape         wrong number of stages, or an op with a bad kind, micro-batch or chunk
+missing       an F or B of some micro-batch (and chunk) never appears on a stage
+duplicate     an op appears more than once on a stage
+order         a backward comes before its own forward on the same stage
+mismatch      two neighbouring stages send and receive a link's messages in different
+              orders: a transport that matches messages by order (NCCL, or gloo without
+              tags) would hand one micro-batch's tensor to another
+deadlock      every stage that is not done waits for a message nobody will send (found by
+              simulating the sends and receives)
+in_flight     more micro-batches forwarded but not yet backwarded on a stage than allowed
+              (1F1B: at most p on stage 0)
+============  ===============================================================================
+
+Dependencies (virtual stage k = chunk·p + rank, K = p·v virtual stages): F(mb) on k needs the
+activation of F(mb) on k−1; B(mb) on k needs the gradient of B(mb) on k+1, and B(mb) on the
+last virtual stage needs that stage's own F(mb) (the loss). Sends never block (isend); a stage
+blocks only when its next op's input has not been sent yet. So a schedule is deadlock-free
+exactly when this simulation runs every op.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .schedules import Op, Schedule, as_schedule
+
+KINDS = ("shape", "missing", "duplicate", "order", "mismatch", "deadlock", "in_flight")
+"""Every `Problem.kind`, roughly in the order they are checked."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a schedule."""
+
+    kind: str
+    """One of `KINDS`."""
+    message: str
+    """A sentence for the student."""
+    stage: int | None = None
+    """The stage it is about, when there is one."""
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot run; `.problems` holds the `Problem`s."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("the schedule cannot run:\n" + "\n".join(f"- {p}" for p in problems))
+
+
+def _what(op: Op, v: int) -> str:
+    name = "forward" if op.kind == "F" else "backward"
+    return f"the {name} of micro-batch {op.mb}" + (f" on chunk {op.chunk}" if v > 1 else "")
+
+
+def needs(schedule: Schedule, stage: int, op: Op) -> tuple[int, Op] | None:
+    """The (stage, op) whose output `op` on `stage` waits for, or None (stage 0's forwards)."""
+    k, last = schedule.virtual_stage(stage, op.chunk), schedule.p * schedule.v - 1
+    if op.kind == "F":
+        if k == 0:
+            return None
+        src, chunk = schedule.place(k - 1)
+        return src, Op("F", op.mb, chunk)
+    if k == last:
+        return stage, Op("F", op.mb, op.chunk)      # the loss: this stage's own forward
+    src, chunk = schedule.place(k + 1)
+    return src, Op("B", op.mb, chunk)
+
+
+def in_flight(schedule: Schedule) -> list[int]:
+    """Per stage, the most (micro-batch, chunk) pairs forwarded but not yet backwarded at once:
+    how many sets of activations the stage holds at its peak."""
+    peaks = []
+    for ops in schedule.stages:
+        held = peak = 0
+        for op in ops:
+            held += 1 if op.kind == "F" else -1
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks
+
+
+def _structure(s: Schedule, p: int | None) -> list[Problem]:
+    out: list[Problem] = []
+    if p is not None and s.p != p:
+        out.append(Problem("shape", f"the schedule has {s.p} stages, expected p = {p} "
+                                    f"(one list of ops per stage)"))
+    for r, ops in enumerate(s.stages):
+        bad = [op for op in ops if op.kind not in ("F", "B") or not 0 <= op.mb < s.m
+               or not 0 <= op.chunk < s.v]
+        for op in bad:
+            out.append(Problem("shape", f"stage {r}: op {op} is not an F or B of micro-batch "
+                                        f"0 … {s.m - 1}" + (f", chunk 0 … {s.v - 1}" if s.v > 1
+                                                             else ""), r))
+        counts = Counter(ops)
+        for kind in ("F", "B"):
+            for c in range(s.v):
+                missing = [mb for mb in range(s.m) if counts[Op(kind, mb, c)] == 0]
+                if missing:
+                    chunk = f" on chunk {c}" if s.v > 1 else ""
+                    word = "forward" if kind == "F" else "backward"
+                    out.append(Problem("missing", f"stage {r}: no {word} of micro-batch"
+                                       f"{'es' if len(missing) > 1 else ''} "
+                                       f"{', '.join(map(str, missing))}{chunk}", r))
+        for op, n in sorted(counts.items()):
+            if n > 1 and op not in bad:
+                out.append(Problem("duplicate", f"stage {r}: {op} appears {n} times; each op "
+                                                f"must appear exactly once", r))
+    return out
+
+
+def _order(s: Schedule) -> list[Problem]:
+    out = []
+    for r, ops in enumerate(s.stages):
+        first = {}
+        for i, op in enumerate(ops):
+            first.setdefault(op, i)
+        for op, i in first.items():
+            fwd = Op("F", op.mb, op.chunk)
+            if op.kind == "B" and first.get(fwd, -1) > i:
+                out.append(Problem("order", f"stage {r}: {op} (step {i}) comes before {fwd} "
+                                            f"(step {first[fwd]}): a backward needs the "
+                                            f"activations its own forward saves", r))
+    return out
+
+
+def _mismatch(s: Schedule) -> list[Problem]:
+    """Compare, for every link (src → dst, activations or gradients), the order in which src
+    sends with the order in which dst receives."""
+    sent: dict[tuple, list[int]] = defaultdict(list)
+    received: dict[tuple, list[int]] = defaultdict(list)
+    for r, ops in enumerate(s.stages):
+        for op in ops:
+            dep = needs(s, r, op)
+            if dep is not None and dep[0] != r:
+                received[dep[0], r, op.kind].append(op.mb)
+        for op in ops:                       # what r sends: the ops whose consumer is elsewhere
+            k, last = s.virtual_stage(r, op.chunk), s.p * s.v - 1
+            nxt = k + 1 if op.kind == "F" else k - 1
+            if 0 <= nxt <= last and s.place(nxt)[0] != r and not (op.kind == "F" and k == last):
+                sent[r, s.place(nxt)[0], op.kind].append(op.mb)
+    out = []
+    for key in sorted(set(sent) | set(received)):
+        src, dst, kind = key
+        a, b = sent.get(key, []), received.get(key, [])
+        if a != b:
+            i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            what = "activations" if kind == "F" else "gradients"
+            out.append(Problem(
+                "mismatch",
+                f"stage {src} sends {what} to stage {dst} for micro-batches {_seq(a)} but stage "
+                f"{dst} receives them as {_seq(b)} (first difference at message {i}): matched "
+                f"in order, as NCCL does, stage {dst} would compute one micro-batch on "
+                f"another's tensor", dst))
+    return out
+
+
+def _seq(mbs: Sequence[int]) -> str:
+    return "[" + ", ".join(map(str, mbs)) + "]"
+
+
+def run_order(schedule: Schedule) -> tuple[list[tuple[int, int]], dict[int, int]]:
+    """Simulate the sends and receives: every stage runs its next op as soon as that op's input
+    exists. Returns the (stage, step) pairs in one possible run order, and, for each stage that
+    got stuck, the step it is stuck at (empty when every op ran)."""
+    s = schedule
+    done: set[tuple[int, Op]] = set()
+    pos, order = [0] * s.p, []
+    progress = True
+    while progress:
+        progress = False
+        for r in range(s.p):
+            while pos[r] < len(s.stages[r]):
+                op = s.stages[r][pos[r]]
+                dep = needs(s, r, op)
+                if dep is not None and dep not in done:
+                    break
+                done.add((r, op))
+                order.append((r, pos[r]))
+                pos[r] += 1
+                progress = True
+    stuck = {r: pos[r] for r in range(s.p) if pos[r] < len(s.stages[r])}
+    return order, stuck
+
+
+def _deadlock(s: Schedule) -> list[Problem]:
+    _, stuck = run_order(s)
+    if not stuck:
+        return []
+    lines = []
+    for r, i in stuck.items():
+        op = s.stages[r][i]
+        src, dep = needs(s, r, op)
+        what = "activation" if op.kind == "F" else "gradient"
+        lines.append(f"stage {r} is stuck at {op} (step {i}), waiting for the {what} of "
+                     f"micro-batch {op.mb} from stage {src}, sent after {dep} there")
+    done = sum(len(ops) for ops in s.stages) - sum(len(s.stages[r]) - i for r, i in stuck.items())
+    return [Problem("deadlock", f"deadlock after {done} of {sum(map(len, s.stages))} ops: "
+                    + "; ".join(lines), min(stuck))]
+
+
+def problems(schedule: Schedule | Iterable[Iterable[Op | str | Sequence]], *,
+             p: int | None = None, m: int | None = None, v: int | None = None,
+             max_in_flight: int | None = None) -> list[Problem]:
+    """Everything wrong with `schedule` (see the module docstring); [] when it can run.
+
+    Pass p, m and v (stages, micro-batches, chunks) when grading a student's lists, so missing
+    micro-batches or stages are caught; `max_in_flight` bounds, on every stage, the micro-batches
+    forwarded but not yet backwarded (1F1B: p). Later checks run only when the earlier ones
+    pass: a deadlock is only looked for in a schedule whose ops are all there and in order.
+    """
+    s = as_schedule(schedule, m=m, v=v)
+    found = _structure(s, p)
+    if not found:
+        found = _order(s)
+    if not found:
+        found = _mismatch(s) + _deadlock(s)
+    if max_in_flight is not None:
+        for r, peak in enumerate(in_flight(s)):
+            if peak > max_in_flight:
+                found.append(Problem("in_flight", f"stage {r} holds {peak} micro-batches in "
+                                     f"flight (forwarded, not yet backwarded); at most "
+                                     f"{max_in_flight} allowed: start backwards sooner", r))
+    return found
+
+
+def check_schedule(schedule: Schedule | Iterable[Iterable[Op | str | Sequence]], *,
+                   p: int | None = None, m: int | None = None, v: int | None = None,
+                   max_in_flight: int | None = None) -> Schedule:
+    """The schedule as a `Schedule` if `problems` finds nothing; else raise `ScheduleError`."""
+    found = problems(schedule, p=p, m=m, v=v, max_in_flight=max_in_flight)
+    if found:
+        raise ScheduleError(found)
+    return as_schedule(schedule, m=m, v=v)
+
+
+__all__ = ["KINDS", "Problem", "ScheduleError", "check_schedule", "in_flight", "needs",
+           "problems", "run_order"]
