@@ -86,7 +86,8 @@ class PipelineRun:
     """One row per op: ``stage, op, mb, chunk, start, end, duration, wait`` (seconds from the
     first op's start)."""
     grads: dict[str, Tensor]
-    """Gradient of every parameter, named as in ``nn.Sequential(*layers)``: ``"3.weight"``."""
+    """Gradient of every trainable parameter, named as in ``nn.Sequential(*layers)``:
+    ``"3.weight"`` (frozen parameters are left out)."""
     loss: float
     """The full batch's loss (the micro-batch losses, weighted by their share of rows)."""
     peak_bytes: list[int]
@@ -148,7 +149,7 @@ def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor
     bounds = [ranges[k % p][k // p] for k in range(n_virtual)]
     chunks = [nn.Sequential(*(layers[i] for i in ranges[rank][c])) for c in range(v)]
     owned = {f"{i}.{name}": param for c in range(v) for i in ranges[rank][c]
-             for name, param in layers[i].named_parameters()}
+             for name, param in layers[i].named_parameters() if param.requires_grad}
     for param in owned.values():
         param.grad = None               # a forked rank may inherit the caller's gradients
     param_ptrs = {prm.untyped_storage().data_ptr() for layer in layers
@@ -189,6 +190,7 @@ def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor
                 if k == n_virtual - 1:
                     out = loss_fn(out, micro_y[op.mb]) * (len(micro_x[op.mb]) / len(x))
                     loss_total += float(out.detach())
+            end = time.perf_counter()           # compute done; posting the send is not compute
             if k < n_virtual - 1:
                 act = out.detach()
                 sends.append((dist.isend(act, dst=(k + 1) % p,
@@ -206,17 +208,18 @@ def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor
                 grad = torch.empty(shape, dtype=dtype)
                 dist.irecv(grad, src=(k + 1) % p, tag=_tag(op.mb, k + 1, n_virtual, True)).wait()
             start = time.perf_counter()
-            torch.autograd.backward(out, grad)
+            if out.requires_grad:       # a stage 0 of frozen layers has nothing to backprop
+                torch.autograd.backward(out, grad)
+            end = time.perf_counter()
             if inp is not None:
                 sends.append((dist.isend(inp.grad, dst=(k - 1) % p,
                                          tag=_tag(op.mb, k, n_virtual, True)), inp.grad))
             held -= mb_bytes[op.mb, op.chunk]
-        end = time.perf_counter()
         rows.append((rank, op.kind, op.mb, op.chunk, start, end, end - start, start - ready))
     for work, _ in sends:
         work.wait()
     grads = {name: (prm.grad.detach().clone() if prm.grad is not None else torch.zeros_like(prm))
-             for name, prm in owned.items()}
+             for name, prm in owned.items()}     # trainable parameters only
     return {"rows": rows, "grads": grads, "loss": loss_total, "peak_bytes": peak,
             "mb_bytes": mb_bytes}
 
