@@ -1,0 +1,178 @@
+"""FLOPs of a transformer training step, and MFU / HFU: how much of the hardware a run uses.
+
+Sources: Kaplan et al., 2020, "Scaling Laws for Neural Language Models" (arXiv:2001.08361),
+section 2.1: C ≈ 6N FLOPs per token (2N forward, 4N backward); Chowdhery et al., 2022, "PaLM"
+(arXiv:2204.02311), appendix B: model FLOPs per token 6N + 12·L·H·Q·T (H·Q = h, T = s), and MFU;
+Korthikanti et al., 2022 (arXiv:2205.05198), section 6: hardware FLOPs utilisation (HFU) counts
+the recomputed forward too.
+
+Counting. A matmul (m, k) @ (k, n) costs 2·m·k·n FLOPs (a multiply and an add). Per token of a
+forward pass, every weight matrix with N_w entries costs 2·N_w, so the weights cost 2N with N
+the parameters *used in matmuls*: per layer q, k, v, out (4h²) and the MLP (2·h·d_ff), plus the
+output head (h·V, also when tied to the embedding; lookups, biases and LayerNorms are not
+matmuls and are left out, a fraction of a percent at scale). Attention adds q kᵀ and the
+weighted sum of v: 2·s·h each per token per layer, 4·L·h·s. Backward does two matmuls for each
+forward one (gradient of the input, of the weight), so a step costs 3× forward:
+
+    per token:  6·N + 12·L·h·s          (PaLM appendix B; causal masking not subtracted)
+
+`torch.utils.flop_counter.FlopCounterMode` counts the matmuls a step actually runs; for
+`TinyGPT` it agrees with the formula exactly (`tests/test_flops.py`).
+
+Utilisation: MFU = model FLOPs per second ÷ peak; HFU = FLOPs the hardware did (recomputation
+included) per second ÷ peak. Full activation recomputation reruns every layer's forward: 8N +
+16·L·h·s per token of hardware work for the same model FLOPs. (PyTorch's non-reentrant
+checkpoint stops rerunning a segment once every saved tensor is back, so it skips the segment's
+last matmul: measured HFU work is a little below the formula.)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import FlopCounterMode
+
+from .models import GPTConfig, TinyGPT
+
+__all__ = ["A100_BF16", "A100_FP32", "H100_PCIE_BF16", "H100_SXM_BF16", "PEAK_FLOPS",
+           "V100_FP16", "count_flops", "flops_per_token", "hfu", "matmul_params", "matmul_peak",
+           "measure_step", "mfu", "recompute_flops", "step_flops", "timed"]
+
+# Peak dense tensor-core throughput, FLOP/s (vendor datasheets; "with sparsity" figures halved).
+V100_FP16 = 125e12  # NVIDIA V100 SXM2 datasheet, fp16 tensor core
+A100_BF16 = 312e12  # NVIDIA A100 datasheet, bf16 tensor core, dense (624e12 with sparsity)
+H100_SXM_BF16 = 989e12  # NVIDIA H100 SXM datasheet, bf16 tensor core, dense (1979e12 sparse)
+H100_PCIE_BF16 = 756e12  # NVIDIA H100 PCIe datasheet, bf16 dense (1513e12 sparse)
+A100_FP32 = 19.5e12  # NVIDIA A100 datasheet, fp32 without tensor cores
+
+PEAK_FLOPS: dict[str, float] = {
+    "V100 fp16": V100_FP16, "A100 bf16": A100_BF16, "A100 fp32": A100_FP32,
+    "H100 SXM bf16": H100_SXM_BF16, "H100 PCIe bf16": H100_PCIE_BF16,
+}
+"""Peak FLOP/s by accelerator and precision (dense; sources above)."""
+
+
+def matmul_params(cfg: GPTConfig) -> int:
+    """N: parameters that take part in matmuls, L·(4h² + 2·h·d_ff) + h·V (the head, even tied)."""
+    h = cfg.d_model
+    return cfg.n_layer * (4 * h * h + 2 * h * cfg.ff_dim) + h * cfg.vocab_size
+
+
+def _seq(cfg: GPTConfig, seq_len: int | None) -> int:
+    s = cfg.seq_len if seq_len is None else seq_len
+    if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s:
+        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    return s
+
+
+def flops_per_token(cfg: GPTConfig, *, seq_len: int | None = None) -> float:
+    """Training FLOPs per token, 6·N + 12·L·h·s (PaLM appendix B); s defaults to cfg.seq_len."""
+    s = _seq(cfg, seq_len)
+    return 6 * matmul_params(cfg) + 12 * cfg.n_layer * cfg.d_model * s
+
+
+def recompute_flops(cfg: GPTConfig, *, seq_len: int | None = None,
+                    recompute: str = "full") -> float:
+    """Extra FLOPs per token that recomputation adds (they count in HFU, not in MFU).
+
+    ``"none"``: 0. ``"full"``: every layer's forward again, 2·N_layers + 4·L·h·s.
+    ``"selective"`` (Korthikanti et al., 2022, section 4.2): only the attention core
+    (q kᵀ, softmax, ·v), 4·L·h·s.
+    """
+    s, h, L = _seq(cfg, seq_len), cfg.d_model, cfg.n_layer
+    attention = 4 * L * h * s
+    if recompute == "none":
+        return 0.0
+    if recompute == "selective":
+        return float(attention)
+    if recompute == "full":
+        return 2 * L * (4 * h * h + 2 * h * cfg.ff_dim) + attention
+    raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+
+
+def step_flops(cfg: GPTConfig, batch: int, *, seq_len: int | None = None,
+               recompute: str = "none") -> dict[str, float]:
+    """``{"model": ..., "hardware": ...}`` FLOPs of one step of `batch` sequences of `seq_len`."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive int, got {batch!r}")
+    tokens = batch * _seq(cfg, seq_len)
+    model = flops_per_token(cfg, seq_len=seq_len) * tokens
+    return {"model": model,
+            "hardware": model + recompute_flops(cfg, seq_len=seq_len, recompute=recompute) * tokens}
+
+
+def _utilisation(flops: float, seconds: float, peak: float) -> float:
+    if not (seconds > 0 and peak > 0 and flops >= 0):
+        raise ValueError(f"need flops >= 0, seconds > 0 and peak > 0 FLOP/s, got {flops}, "
+                         f"{seconds}, {peak}")
+    return flops / seconds / peak
+
+
+def mfu(model_flops: float, seconds: float, peak: float) -> float:
+    """Model FLOPs utilisation: model FLOPs / seconds / peak FLOP/s (PaLM, appendix B)."""
+    return _utilisation(model_flops, seconds, peak)
+
+
+def hfu(hardware_flops: float, seconds: float, peak: float) -> float:
+    """Hardware FLOPs utilisation: FLOPs done, recomputation included, / seconds / peak."""
+    return _utilisation(hardware_flops, seconds, peak)
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs of the matmuls (mm, addmm, bmm, attention kernels) that ``fn()`` runs, forward and
+    backward alike, counted by `torch.utils.flop_counter.FlopCounterMode`."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def matmul_peak(n: int = 512, *, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of an n×n by n×n matmul on this machine, best of `repeats`: a practical "peak" to
+    compare a CPU run with (no datasheet figure applies to a shared laptop core)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b  # warm-up: first call allocates and picks a kernel
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
+def timed(fn: Callable[[], Tensor | None], *, repeats: int = 3) -> float:
+    """Seconds of ``fn()``, best of `repeats` (a busy machine only ever adds time)."""
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_step(model: TinyGPT, idx: Tensor, targets: Tensor, *, every: int | None = None,
+                 repeats: int = 3) -> dict[str, float]:
+    """One training step (forward + backward) of `model`, counted and timed.
+
+    ``every``: checkpoint segments of that many blocks (`toolkit.recompute.CheckpointedGPT`),
+    None for none. Returns ``model_flops`` (the formula, `step_flops`), ``counted_flops``
+    (FlopCounterMode: what ran, recomputation included), ``seconds`` (best of `repeats`) and
+    ``flops_per_s`` (model FLOPs per second: the numerator of MFU).
+    """
+    from .recompute import CheckpointedGPT  # here: recompute imports nothing from this module
+
+    step_model = CheckpointedGPT(model, every=every)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        _, loss = step_model(idx, targets)
+        loss.backward()
+
+    counted = count_flops(step)
+    seconds = timed(step, repeats=repeats)
+    model.zero_grad(set_to_none=True)
+    analytic = step_flops(model.cfg, idx.shape[0], seq_len=idx.shape[1])["model"]
+    return {"model_flops": analytic, "counted_flops": float(counted), "seconds": seconds,
+            "flops_per_s": analytic / seconds}
