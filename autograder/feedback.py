@@ -1,0 +1,107 @@
+"""Judging helpers every lab shares: tolerances and messages that name the usual mistakes.
+
+`compare_outputs` checks each rank's output against what it should be and, when it is wrong,
+tries the mistakes students make most, in order, so the report can say *which* one:
+
+* off by a factor of the world size (averaged instead of summed, or the reverse);
+* equal to the rank's own input (no communication happened, or a new tensor was returned
+  instead of writing in place);
+* right on rank 0 (or the root) only: a reduce, not an all-reduce;
+* the right chunks in the wrong order;
+and otherwise names the first element that differs.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .lab import Verdict
+
+# Relative and absolute tolerances per dtype for sums of a few O(1) values in a different order
+# than the reference (float64): a few ulps for float32/64, the 8-bit mantissa of bfloat16.
+TOLERANCE = {torch.float64: (1e-9, 1e-9), torch.float32: (1e-5, 1e-5),
+             torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 5e-2)}
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    rtol, atol = TOLERANCE.get(want.dtype, (0.0, 0.0))
+    return torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol)
+
+
+def _describe(got, want: torch.Tensor) -> str:
+    if not isinstance(got, torch.Tensor):
+        return f"expected a tensor, got {type(got).__name__}"
+    if got.shape != want.shape:
+        return f"shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    if got.dtype != want.dtype:
+        return f"dtype {got.dtype}, expected {want.dtype}"
+    diff = (got.double() - want.double()).abs().reshape(-1)
+    i = int(diff.argmax())
+    return (f"element {i} is {got.reshape(-1)[i].item():.6g}, expected "
+            f"{want.reshape(-1)[i].item():.6g}")
+
+
+def chunk_permutation(got: torch.Tensor, want: torch.Tensor, bounds: Sequence[tuple[int, int]]) -> bool:
+    """Whether `got` holds `want`'s chunks in another order (chunk-aligned, equal sizes)."""
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or len(bounds) < 2:
+        return False
+    g, w = got.reshape(-1).double(), want.reshape(-1).double()
+    sizes = {b - a for a, b in bounds}
+    if len(sizes) != 1 or 0 in sizes:
+        return False
+    chunks_w = [w[a:b] for a, b in bounds]
+    used = set()
+    for a, b in bounds:
+        match = next((j for j, c in enumerate(chunks_w) if j not in used
+                      and torch.allclose(g[a:b], c, rtol=1e-4, atol=1e-4)), None)
+        if match is None:
+            return False
+        used.add(match)
+    return not torch.allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def compare_outputs(outputs: Sequence, expected: Sequence[torch.Tensor], *, world_size: int,
+                    inputs: Sequence | None = None, root: int | None = 0,
+                    bounds: Sequence[tuple[int, int]] | None = None, what: str = "the result",
+                    case: str = "") -> Verdict:
+    """One verdict for a case: every rank's output against its expected tensor."""
+    wrong = [r for r in range(world_size) if not close(outputs[r], expected[r])]
+    if not wrong:
+        return Verdict(True)
+    where = f" ({case})" if case else ""
+    r = wrong[0]
+    got, want = outputs[r], expected[r]
+    if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype:
+        if world_size > 1 and all(
+                isinstance(outputs[q], torch.Tensor) and outputs[q].shape == expected[q].shape
+                and close(outputs[q] * world_size, expected[q]) for q in wrong):
+            return Verdict(False, f"{what} is the sum divided by the world size ({world_size}) "
+                                  f"on rank {r}{where}: averaged instead of summed?")
+        if world_size > 1 and all(
+                isinstance(outputs[q], torch.Tensor) and outputs[q].shape == expected[q].shape
+                and close(outputs[q], expected[q] * world_size) for q in wrong):
+            return Verdict(False, f"{what} is {world_size}× too large on rank {r}{where}: "
+                                  "added a chunk more than once?")
+        if inputs is not None and all(
+                isinstance(outputs[q], torch.Tensor) and isinstance(inputs[q], torch.Tensor)
+                and outputs[q].shape == inputs[q].shape and torch.equal(outputs[q], inputs[q])
+                for q in wrong):
+            return Verdict(False, f"{what} on rank {r}{where} is still the rank's own input: no "
+                                  "communication happened, or a new tensor was returned instead "
+                                  "of writing into the one passed in (in place)")
+        if root is not None and root not in wrong and world_size > 1 and len(wrong) == world_size - 1:
+            return Verdict(False, f"only rank {root} has the right {what}{where}: that is a reduce "
+                                  "(or a gather), not an all-reduce: every rank must end with it")
+        if bounds is not None and chunk_permutation(got, want, bounds):
+            return Verdict(False, f"{what} on rank {r}{where} holds the right chunks in the wrong "
+                                  "order: chunk i belongs at positions chunk_bounds[i]")
+    return Verdict(False, f"{what} is wrong on rank{'s' if len(wrong) > 1 else ''} "
+                          f"{', '.join(map(str, wrong))}{where}: on rank {r}, "
+                          f"{_describe(got, want)}")
+
+
+__all__ = ["TOLERANCE", "chunk_permutation", "close", "compare_outputs"]

@@ -1,0 +1,174 @@
+"""What a lab is, to the grader: its student files, the names it calls, and its checks.
+
+A lab folder (``labs/NN_slug/``) holds:
+
+* ``README.md``: the assignment;
+* the student file(s) (``LAB.student_files``), written once with solution regions
+  (``### BEGIN SOLUTION`` … ``### END SOLUTION``) that `autograder release` replaces with stubs;
+* ``harness.py``: the calls the ranks make (``CALLS[name](student_module, rank, world_size,
+  case) -> output``) and how inputs are made (`make_inputs`); copied into the sandbox and also
+  imported here, so inputs and expected values come from one function;
+* ``checks.py``: ``LAB`` (a `LabInfo`) and ``CHECKS`` (the visible `Check` list);
+* ``hidden/checks.py`` (instructors only; `release` leaves it out): more ``CHECKS``;
+* a playground notebook.
+
+A `Check` is decided in the grader process by its ``judge``, a function of a `CaseResult`
+returning `Verdict`; its cases run on real ranks in the sandbox, grouped by world size.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    message: str = ""
+
+
+@dataclass
+class CaseResult:
+    """One case as the judge sees it: parameters, inputs, and what each rank did."""
+
+    case: dict
+    world_size: int
+    inputs: list[Any]
+    """Per rank, the inputs the harness built (`harness.make_inputs`)."""
+    outputs: list[Any]
+    """Per rank, the decoded output (tensors are real tensors again)."""
+    traffic: list[dict]
+    """Per rank: bytes_sent, bytes_received, messages_sent, messages_received, builtin_ops,
+    wchar, tampered, forbidden_loaded."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One graded check: a name students read, points, the harness call, cases and a judge."""
+
+    name: str
+    points: float
+    call: str
+    cases: tuple[dict, ...]
+    """Each case: ``world_size`` plus JSON-able parameters for the call (numel, dtype, seed...)."""
+    judge: Callable[[CaseResult], Verdict]
+    visible: bool = True
+    timeout: float = 15.0
+    """Seconds for one world size's cases together (one launch)."""
+    about: str = ""
+    """One line saying what the check checks, shown in the report."""
+
+    def __post_init__(self) -> None:
+        if self.points < 0:
+            raise ValueError(f"Check {self.name!r}: points must be >= 0, got {self.points}")
+        if not self.cases:
+            raise ValueError(f"Check {self.name!r}: needs at least one case")
+        for case in self.cases:
+            if not isinstance(case.get("world_size"), int) or case["world_size"] < 1:
+                raise ValueError(f"Check {self.name!r}: every case needs world_size >= 1, "
+                                 f"got {case}")
+
+
+@dataclass(frozen=True)
+class LabInfo:
+    slug: str
+    title: str
+    student_files: tuple[str, ...]
+    """Files a submission must contain, e.g. ``("collectives.py",)``; the first is imported."""
+    names: tuple[str, ...]
+    """The seam: functions or classes the checks call in the student's module."""
+    forbidden_imports: tuple[str, ...] = ()
+    """Modules the ranks refuse to import (e.g. the toolkit's own solution)."""
+
+
+@dataclass
+class Lab:
+    info: LabInfo
+    path: Path
+    checks: list[Check]
+    harness: ModuleType
+    hidden_loaded: bool = False
+
+    @property
+    def module(self) -> str:
+        return Path(self.info.student_files[0]).stem
+
+    @property
+    def max_score(self) -> float:
+        return sum(c.points for c in self.checks)
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def find_lab(name_or_path: str | Path, labs_root: Path | None = None) -> Path:
+    """A lab folder from a path or a slug such as ``01_collectives`` (looked up in labs/)."""
+    path = Path(name_or_path)
+    if (path / "checks.py").is_file():
+        return path.resolve()
+    root = labs_root or Path(__file__).resolve().parent.parent / "labs"
+    matches = sorted(p for p in root.glob("*/checks.py") if p.parent.name in
+                     (str(name_or_path), f"{name_or_path}") or p.parent.name.endswith(f"_{name_or_path}"))
+    if len(matches) == 1:
+        return matches[0].parent
+    known = ", ".join(sorted(p.parent.name for p in root.glob("*/checks.py"))) or "none"
+    raise ValueError(f"no lab {str(name_or_path)!r}: give a lab folder (one with checks.py) or "
+                     f"one of: {known}")
+
+
+def load_lab(path: Path, *, hidden: bool = True) -> Lab:
+    """Import a lab's harness and checks (and hidden checks, where present and wanted)."""
+    path = Path(path).resolve()
+    tag = f"_autograder_lab_{path.name}"
+    harness = _load(path / "harness.py", f"{tag}_harness")
+    sys.modules["_lab_harness"] = harness  # checks.py imports it by this name, as ranks do
+    checks_mod = _load(path / "checks.py", f"{tag}_checks")
+    checks = list(checks_mod.CHECKS)
+    hidden_path = path / "hidden" / "checks.py"
+    hidden_loaded = hidden and hidden_path.is_file()
+    if hidden_loaded:
+        hidden_checks = list(_load(hidden_path, f"{tag}_hidden").CHECKS)
+        checks += [Check(**{**c.__dict__, "visible": False}) for c in hidden_checks]
+    return Lab(checks_mod.LAB, path, checks, harness, hidden_loaded)
+
+
+def decode(value: Any) -> Any:
+    """The inverse of `autograder.sandbox.harness.encode`, on JSON from the sandbox: tensors
+    are rebuilt from dtype, shape and raw bytes (never unpickled)."""
+    import base64
+
+    if isinstance(value, dict):
+        if value.get("__tensor__"):
+            dtype = getattr(torch, str(value.get("dtype")), None)
+            if not isinstance(dtype, torch.dtype):
+                return None
+            raw = value.get("data")
+            raw = base64.b64decode(raw["__b64__"]) if isinstance(raw, dict) else b""
+            shape = [int(s) for s in value.get("shape", [])]
+            flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else \
+                torch.empty(0, dtype=torch.uint8)
+            try:
+                return flat.view(dtype).reshape(shape).clone()
+            except RuntimeError:
+                return None
+        if "__unsupported__" in value:
+            return value
+        return {k: decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    return value
+
+
+__all__ = ["CaseResult", "Check", "Lab", "LabInfo", "Verdict", "decode", "find_lab", "load_lab"]

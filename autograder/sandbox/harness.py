@@ -1,0 +1,142 @@
+"""What runs inside each rank of a submission: import the student's module, call it on the
+check's inputs, and send back plain observations. Nothing here decides a grade.
+
+Everything a rank returns is plain data (dicts, lists, str, int, float, bytes): tensors as
+dtype + shape + raw bytes, traffic as counts. The grader turns that into verdicts in its own
+process, where no student code ever runs, so patching `torch.allclose` or the recorder inside a
+rank cannot change a comparison. What *can* be changed in a rank is watched: after every call
+the harness checks that torch.distributed's functions are still the recorder's wrappers
+(`tampered`), and notes the bytes the process wrote to the kernel (``/proc/self/io`` wchar),
+which the grader compares with the recorded messages (traffic no wrapper saw: a built-in
+collective behind a patched recorder, files used as a side channel).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from toolkit import comm
+from toolkit.comm.patch import SPECS
+
+
+class _Forbidden(importlib.abc.MetaPathFinder):
+    """Refuses imports the lab forbids (e.g. the toolkit's own collectives in lab 01)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def find_spec(self, fullname, path=None, target=None):
+        if any(fullname == n or fullname.startswith(n + ".") for n in self.names):
+            raise ImportError(f"{fullname} may not be used in this lab: write the algorithm "
+                              f"yourself from send/recv (the grader blocks this import)")
+        return None
+
+
+def _wrappers() -> dict[str, int]:
+    return {f"{ns.__name__}.{name}": id(getattr(ns, name, None))
+            for ns in (dist, c10d) for name in SPECS}
+
+
+def _wchar() -> int:
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def _printed() -> int:
+    """Bytes in this rank's log so far (prints count in wchar; they are not messages)."""
+    try:
+        return os.fstat(1).st_size
+    except OSError:
+        return 0
+
+
+def encode(value: Any) -> Any:
+    """Tensors (also inside lists, tuples and dicts) as plain data the grader can decode."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu").contiguous()
+        return {"__tensor__": True, "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape), "data": t.view(torch.uint8).numpy().tobytes()
+                if t.numel() else b""}
+    if isinstance(value, (list, tuple)):
+        return [encode(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): encode(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return {"__unsupported__": type(value).__name__}
+
+
+def _redirect_output(workdir: Path, tag: str, rank: int) -> None:
+    """Send this rank's stdout and stderr to a log file the grader reads (and sizes)."""
+    logs = workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    fd = os.open(logs / f"{tag}.rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")
+
+
+def load_module(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_group(rank: int, world_size: int, job: dict, group: dict) -> list[dict]:
+    """Run every case of one check group on this rank; return one observation per case."""
+    workdir = Path(job["workdir"])
+    _redirect_output(workdir, group["id"].replace("/", "_"), rank)
+    sys.meta_path.insert(0, _Forbidden(job.get("forbidden_imports", [])))
+    sys.path.insert(0, str(workdir))
+    comm.install()
+    before = _wrappers()
+    lab = load_module(workdir / "_lab_harness.py", "_lab_harness")
+    student = load_module(workdir / f"{job['module']}.py", job["module"])
+    observations = []
+    for case in group["cases"]:
+        wchar0, printed0 = _wchar(), _printed()
+        with comm.recording() as trace:
+            start = time.perf_counter()
+            out = lab.CALLS[case["call"]](student, rank, world_size, case)
+            seconds = time.perf_counter() - start
+        wchar, printed = _wchar() - wchar0, _printed() - printed0
+        totals = trace.totals().get(rank)
+        builtin = sorted({e.op for e in trace if e.op not in comm.P2P_OPS})
+        after = _wrappers()
+        observations.append({
+            "case": case["id"], "rank": rank, "seconds": seconds, "output": encode(out),
+            "bytes_sent": totals.bytes_sent if totals else 0,
+            "bytes_received": totals.bytes_received if totals else 0,
+            "messages_sent": totals.messages_sent if totals else 0,
+            "messages_received": totals.messages_received if totals else 0,
+            "builtin_ops": builtin, "wchar": wchar, "printed": printed,
+            "tampered": sorted(k for k in before if after.get(k) != before[k]),
+            "forbidden_loaded": sorted(n for n in job.get("forbidden_imports", [])
+                                       if n in sys.modules),
+        })
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return observations
+
+
+__all__ = ["encode", "load_module", "run_group"]

@@ -1,0 +1,123 @@
+"""Confine a process's file-system reach with Linux Landlock (kernel ≥ 5.13, no root needed).
+
+After `restrict(read=[...], write=[...])` the calling process, and every process it starts
+afterwards, can read only below the `read` paths and write only below the `write` paths; any
+other open fails with PermissionError (EACCES). That is what keeps the reference solutions and
+hidden checks out of a submission's reach: they live in the lab's folder, which is in neither
+list (see `autograder.sandbox.limits.sandbox_paths`). It cannot be undone from inside: Landlock
+only ever adds restrictions, and ``no_new_privs`` (set first, as Landlock requires) stops setuid
+programs from regaining anything.
+
+The kernel interface (Documentation/userspace-api/landlock.rst): create a ruleset naming the
+access rights to handle, add one ``path_beneath`` rule per allowed folder or file, then
+``landlock_restrict_self``. Rights a kernel's ABI does not know are dropped from the request
+(ABI 1 lacks REFER, ABI 3 adds TRUNCATE), so one call works on every version.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Iterable
+
+# Syscall numbers are the same on x86_64 and aarch64 (added in Linux 5.13 with generic numbers).
+_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
+_CREATE_RULESET_VERSION = 1 << 0
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+
+# Access rights for files (LANDLOCK_ACCESS_FS_*), from include/uapi/linux/landlock.h.
+EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR = 1 << 4, 1 << 5, 1 << 6, 1 << 7
+MAKE_REG, MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM = 1 << 8, 1 << 9, 1 << 10, 1 << 11, 1 << 12
+REFER, TRUNCATE = 1 << 13, 1 << 14          # ABI 2, ABI 3
+
+READ = EXECUTE | READ_FILE | READ_DIR
+WRITE = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK
+         | MAKE_FIFO | MAKE_BLOCK | MAKE_SYM | REFER | TRUNCATE)
+_FILE_ONLY = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE  # the rights a rule on a file may carry
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1  # the kernel's struct is __attribute__((packed))
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def abi_version() -> int:
+    """The kernel's Landlock ABI version, or 0 where Landlock is missing or disabled."""
+    if not hasattr(os, "O_PATH"):
+        return 0
+    try:
+        version = _libc().syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0),
+                                  ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    except (AttributeError, OSError):
+        return 0
+    return max(int(version), 0)
+
+
+def _supported(abi: int) -> int:
+    rights = READ | WRITE
+    if abi < 2:
+        rights &= ~REFER
+    if abi < 3:
+        rights &= ~TRUNCATE
+    return rights
+
+
+def restrict(read: Iterable[str], write: Iterable[str], list_only: Iterable[str] = ()) -> int:
+    """Allow reading below `read` and reading + writing below `write`; forbid the rest.
+
+    `list_only` folders may be listed (names only, also of their subfolders) but no file in
+    them read, unless `read` allows it: Python's import system lists a package's folder to find
+    its modules, and listing a folder reveals no file's content.
+
+    Returns the ABI version used. Paths that do not exist are skipped. Raises OSError when the
+    kernel has no Landlock (check `abi_version()` first to fall back).
+    """
+    abi = abi_version()
+    if abi < 1:
+        raise OSError("Landlock is not available on this kernel")
+    libc, handled = _libc(), _supported(abi)
+    attr = _RulesetAttr(handled)
+    ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
+                           ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+    try:
+        for paths, rights in ((list_only, READ_DIR), (read, READ), (write, READ | WRITE)):
+            for path in paths:
+                _add_rule(libc, ruleset, path, rights & handled)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+    finally:
+        os.close(ruleset)
+    return abi
+
+
+def _add_rule(libc: ctypes.CDLL, ruleset: int, path: str, rights: int) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        if not os.path.isdir(path):
+            rights &= _FILE_ONLY
+        rule = _PathBeneathAttr(rights, fd)
+        if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
+                        ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
+    finally:
+        os.close(fd)
+
+
+__all__ = ["READ", "WRITE", "abi_version", "restrict"]

@@ -1,0 +1,69 @@
+"""Lab 01's rank-side calls and inputs: how each check calls the student's functions.
+
+Copied into the sandbox next to the student's file (as `_lab_harness`) and imported by the
+grader, so the inputs a rank builds and the inputs the grader computes expected values from
+come from the same function. Holds no answers.
+
+A case is a dict: ``world_size``, ``numel`` (or ``shape``), ``dtype``, ``seed`` and, for
+broadcast, ``src``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+          "bfloat16": torch.bfloat16}
+
+
+def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
+    """(start, end) of each rank's chunk: the split of `torch.tensor_split` (the first
+    numel % p chunks one element longer), which the student file's `chunk_bounds` also makes."""
+    sizes = [len(c) for c in torch.arange(numel).tensor_split(world_size)]
+    starts = [sum(sizes[:i]) for i in range(world_size)]
+    return [(s, s + n) for s, n in zip(starts, sizes)]
+
+
+def make_input(case: dict, rank: int) -> torch.Tensor:
+    """Rank `rank`'s full-size tensor: seeded normal values, different on every rank."""
+    g = torch.Generator().manual_seed(int(case.get("seed", 0)) * 1009 + rank)
+    shape = case.get("shape") or [case["numel"]]
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(DTYPES[case.get("dtype", "float32")])
+
+
+def make_inputs(case: dict, world_size: int) -> list[torch.Tensor]:
+    """Every rank's full-size tensor (all-gather passes chunk_bounds[rank] of it)."""
+    return [make_input(case, r) for r in range(world_size)]
+
+
+def _all_reduce(student, rank, world_size, case):
+    t = make_input(case, rank)
+    student.ring_all_reduce(t)
+    return t
+
+
+def _broadcast(student, rank, world_size, case):
+    t = make_input(case, rank)
+    student.tree_broadcast(t, case.get("src", 0) % world_size)
+    return t
+
+
+def _reduce_scatter(student, rank, world_size, case):
+    x = make_input(case, rank)
+    a, b = chunk_bounds(x.numel(), world_size)[rank]
+    out = torch.full((b - a,), float("nan"), dtype=x.dtype)
+    student.ring_reduce_scatter(out, x)
+    return out
+
+
+def _all_gather(student, rank, world_size, case):
+    full = make_input(case, rank)
+    a, b = chunk_bounds(full.numel(), world_size)[rank]
+    mine = full.reshape(-1)[a:b].clone()
+    out = torch.full((full.numel(),), float("nan"), dtype=full.dtype)
+    student.ring_all_gather(out, mine)
+    return out
+
+
+CALLS = {"all_reduce": _all_reduce, "broadcast": _broadcast,
+         "reduce_scatter": _reduce_scatter, "all_gather": _all_gather}
