@@ -19,6 +19,7 @@ KINDS = {
     "import_error": "the module could not be imported",
     "forbidden_import": "imported a module the lab forbids",
     "missing_name": "a function or class the lab asks for is missing",
+    "not_implemented": "a function is still the stub (raises NotImplementedError)",
     "exception": "a rank raised an exception",
     "crash": "a rank died (os._exit, sys.exit, a segfault or another signal)",
     "deadlock": "ranks waited for each other forever",
@@ -77,6 +78,8 @@ def classify(record: dict, module: str) -> tuple[str, str]:
                          "sys.exit in your code? Return from the function instead.")
     if exc == "SyntaxError" or exc == "IndentationError":
         return "syntax_error", f"{text}{at}."
+    if exc == "NotImplementedError":
+        return "not_implemented", f"Not written yet: {where or 'a function'} still raises NotImplementedError."
     if "may not be used in this lab" in message:
         return "forbidden_import", f"{message}."
     if exc in ("ImportError", "ModuleNotFoundError") and "load_module" in tb and not where:

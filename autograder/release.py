@@ -1,0 +1,131 @@
+"""The student edition of a lab, generated from the one instructor source.
+
+Solution regions are written once, in the lab's files (Python files and notebooks' code cells):
+
+    ### BEGIN SOLUTION
+    ...the reference code...
+    ### END SOLUTION
+    ### HINT: a line the student sees instead
+
+`release_lab` copies the lab folder without ``hidden/`` and replaces every region by a
+``raise NotImplementedError(...)`` at the region's indentation, with its ``### HINT:`` lines
+turned into ``# Hint:`` comments above it (nbgrader's convention, done with plain text so that
+it works on any file). A region left open, or an END without BEGIN, is an error naming the file
+and line: a release must never leak half a solution.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+BEGIN, END, HINT = "### BEGIN SOLUTION", "### END SOLUTION", "### HINT:"
+EXCLUDED = {"hidden", "__pycache__", ".ipynb_checkpoints"}
+
+
+class MarkerError(ValueError):
+    """Solution markers that do not pair up."""
+
+
+def strip_solutions(text: str, where: str = "<text>") -> tuple[str, int]:
+    """The text with every solution region replaced by a stub; returns (text, regions)."""
+    out, inside, indent, regions, start = [], False, "", 0, 0
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if stripped == BEGIN:
+            if inside:
+                raise MarkerError(f"{where}:{i}: {BEGIN} inside another region (opened at line {start})")
+            inside, indent, start = True, line[: len(line) - len(line.lstrip())], i
+            continue
+        if stripped == END:
+            if not inside:
+                raise MarkerError(f"{where}:{i}: {END} without {BEGIN}")
+            inside, regions = False, regions + 1
+            hints = _hints(lines[i:])
+            out += [f"{indent}# Hint: {h}\n" for h in hints]
+            out.append(f"{indent}raise NotImplementedError(\"your code here\")\n")
+            continue
+        if inside:
+            continue
+        if stripped.startswith(HINT):
+            continue  # emitted with its region's stub
+        out.append(line)
+    if inside:
+        raise MarkerError(f"{where}:{start}: {BEGIN} is never closed")
+    return "".join(out), regions
+
+
+def _hints(rest: list[str]) -> list[str]:
+    hints = []
+    for line in rest:
+        if not line.strip().startswith(HINT):
+            break
+        hints.append(line.strip()[len(HINT):].strip())
+    return hints
+
+
+def _notebook(path: Path) -> tuple[str, int]:
+    nb = json.loads(path.read_text())
+    regions = 0
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        new, n = strip_solutions(source, f"{path.name} cell {cell.get('id', '?')}")
+        regions += n
+        cell["source"] = new.splitlines(keepends=True)
+        cell["outputs"], cell["execution_count"] = [], None
+    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n", regions
+
+
+def release_lab(lab_dir: Path, out_dir: Path, *, force: bool = False) -> dict[str, int]:
+    """Write the student edition of `lab_dir` into `out_dir`; returns regions stubbed per file."""
+    lab_dir, out_dir = Path(lab_dir).resolve(), Path(out_dir).resolve()
+    if not (lab_dir / "checks.py").is_file():
+        raise ValueError(f"{lab_dir} is not a lab folder (it has no checks.py)")
+    if out_dir == lab_dir or lab_dir in out_dir.parents:
+        raise ValueError(f"--out {out_dir} must be outside the lab folder {lab_dir}")
+    if out_dir.exists():
+        if not force:
+            raise FileExistsError(f"{out_dir} exists; pass --force to replace it")
+        shutil.rmtree(out_dir)
+    stubbed: dict[str, int] = {}
+    for src in sorted(lab_dir.rglob("*")):
+        rel = src.relative_to(lab_dir)
+        if any(part in EXCLUDED for part in rel.parts) or src.is_dir():
+            continue
+        dst = out_dir / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.suffix == ".py":
+            text, n = strip_solutions(src.read_text(), str(rel))
+            dst.write_text(text)
+        elif src.suffix == ".ipynb":
+            text, n = _notebook(src)
+            dst.write_text(text)
+        else:
+            shutil.copy2(src, dst)
+            n = 0
+        if n:
+            stubbed[str(rel)] = n
+    return stubbed
+
+
+def solution_lines(lab_dir: Path) -> list[str]:
+    """Every non-trivial line inside a solution region (to prove a release holds none)."""
+    found = []
+    for src in Path(lab_dir).rglob("*"):
+        if src.suffix not in (".py", ".ipynb") or "hidden" in src.parts:
+            continue
+        text = src.read_text()
+        for block in re.findall(rf"{re.escape(BEGIN)}\n(.*?){re.escape(END)}", text, re.S):
+            for line in block.replace("\\n", "\n").splitlines():
+                line = line.strip().strip('",')
+                if len(line) > 12 and not line.startswith("#"):
+                    found.append(line)
+    return found
+
+
+__all__ = ["MarkerError", "release_lab", "solution_lines", "strip_solutions"]
