@@ -1,0 +1,126 @@
+"""Training-step time of the from-scratch DDPs against torch's DistributedDataParallel.
+
+One run, printed side by side: for 2 and 4 ranks, the time of one step (zero_grad, forward,
+backward with gradient averaging, SGD step) with
+
+    torch DDP    torch.nn.parallel.DistributedDataParallel (C++ reducer, buckets, overlap)
+    naive        toolkit NaiveDDP: one all-reduce per parameter, after backward
+    bucketed     toolkit BucketedDDP: one all-reduce per bucket, after backward
+    overlapped   toolkit OverlappedDDP: bucket all-reduces launched during backward
+
+on the same model (a TinyMLP of a few million parameters, so that the gradient all-reduce is
+a sizeable part of the step) and the same data. Every variant uses the same bucket cap.
+A step's time is the slowest rank's (each step starts after a barrier); the table shows the
+median over steps, with variants interleaved over several rounds so that a busy moment of the
+machine does not fall on one variant only. The last column is the ratio to torch DDP.
+
+Usage: python benchmarks/ddp_step.py [--ranks 2 4] [--steps 10] [--rounds 3] [--bucket-cap-mb 4]
+Times vary ±30 % on a shared 2-core machine: read the ratios, and run it twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from toolkit.data_parallel.ddp import BucketedDDP, NaiveDDP, OverlappedDDP
+from toolkit.launch import spawn
+from toolkit.models import TinyMLP, count_parameters
+
+VARIANTS = ("torch DDP", "naive", "bucketed", "overlapped")
+
+
+def _model(args: argparse.Namespace) -> TinyMLP:
+    return TinyMLP(d_in=args.width // 4, d_hidden=args.width, d_out=args.width // 4,
+                   depth=args.depth, seed=0)
+
+
+def _wrap(name: str, model: torch.nn.Module, cap: float) -> torch.nn.Module:
+    if name == "torch DDP":
+        return DistributedDataParallel(model, bucket_cap_mb=cap)
+    if name == "naive":
+        return NaiveDDP(model)
+    return {"bucketed": BucketedDDP, "overlapped": OverlappedDDP}[name](model, bucket_cap_mb=cap)
+
+
+def _steps(ddp: torch.nn.Module, opt: torch.optim.Optimizer, x, y, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        F.mse_loss(ddp(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _bench(rank: int, world_size: int, args: argparse.Namespace) -> dict:
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(args.batch, args.width // 4, generator=gen)
+    y = torch.randn(args.batch, args.width // 4, generator=gen)
+    runs = {}
+    for name in VARIANTS:
+        model = _model(args)
+        ddp = _wrap(name, model, args.bucket_cap_mb)
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+        _steps(ddp, opt, x, y, 3)  # warm-up (torch DDP rebuilds its buckets after step 1)
+        runs[name] = (ddp, opt)
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    for r in range(args.rounds):
+        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+        for name in order:
+            times[name] += _steps(*runs[name], x, y, args.steps)
+    buckets = {name: len(ddp.buckets) if hasattr(ddp, "buckets") else
+               len(ddp.sync_params) if hasattr(ddp, "sync_params") else None
+               for name, (ddp, _) in runs.items()}
+    return {"times": times, "buckets": buckets}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per variant per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--width", type=int, default=1024, help="hidden width of the TinyMLP")
+    parser.add_argument("--depth", type=int, default=3, help="hidden layers of the TinyMLP")
+    parser.add_argument("--batch", type=int, default=32, help="items per rank per step")
+    parser.add_argument("--bucket-cap-mb", type=float, default=4.0)
+    args = parser.parse_args()
+
+    n_params = count_parameters(_model(args))
+    print(f"model: TinyMLP width {args.width}, depth {args.depth}: {n_params:,} parameters, "
+          f"{n_params * 4 / 2**20:.1f} MiB of fp32 gradients per step; batch {args.batch} per "
+          f"rank; bucket cap {args.bucket_cap_mb} MiB; torch {torch.__version__}, gloo, CPU")
+    table: dict[int, dict[str, float]] = {}
+    buckets: dict[str, int | None] = {}
+    for p in args.ranks:
+        results = spawn(_bench, p, args, timeout=600, echo=False)
+        # Slowest rank per step (they finish together after the all-reduces), median of steps.
+        table[p] = {name: statistics.median(max(step) for step in
+                                            zip(*(r["times"][name] for r in results)))
+                    for name in VARIANTS}
+        buckets = results[0]["buckets"]
+
+    head = f"{'variant':<12}{'all-reduces/step':>18}" + "".join(
+        f"{f'{p} ranks (ms)':>15}{'vs torch':>10}" for p in args.ranks)
+    print(head)
+    print("-" * len(head))
+    for name in VARIANTS:
+        n = buckets.get(name)
+        row = f"{name:<12}{'?' if n is None else str(n):>18}"
+        for p in args.ranks:
+            t, ref = table[p][name], table[p]["torch DDP"]
+            row += f"{t * 1e3:>15.1f}{t / ref:>10.2f}"
+        print(row)
+    print("(torch DDP's all-reduces run in C++, out of the recorder's sight: '?')")
+
+
+if __name__ == "__main__":
+    main()
