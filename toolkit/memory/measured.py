@@ -31,11 +31,14 @@ class Held(ModelStates):
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
-    """Bytes of the distinct storages behind `tensors` (views of one buffer count once)."""
+    """Bytes of the distinct storages behind `tensors` (views of one buffer count once; a
+    DTensor counts its local shard's storage)."""
     seen: dict[int, int] = {}
     for t in tensors:
         if t is None:
             continue
+        if hasattr(t, "to_local"):  # a DTensor (torch FSDP2): this rank's local shard
+            t = t.to_local()
         storage = t.untyped_storage()
         if storage.nbytes():
             seen[storage.data_ptr()] = storage.nbytes()

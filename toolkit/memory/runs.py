@@ -1,0 +1,159 @@
+"""Real sharded runs on ranks, measured against the memory math: what lesson 05 draws and
+`benchmarks/memory_measured.py` prints.
+
+Each method trains a TinyGPT for a few steps of fp32 Adam on every rank (its slice of the batch),
+then counts the bytes of parameters, gradients and optimizer state the rank holds
+(`held_model_states`) and the collectives it called (`toolkit.comm`):
+
+    ddp          replicated model, gradients all-reduced parameter by parameter   (stage 0)
+    zero1        `ShardedOptimizer(stage=1)`                                      (stage 1)
+    zero2        `ShardedOptimizer(stage=2)`                                      (stage 2)
+    fsdp         `FullyShardedDataParallel`, each block a unit                    (stage 3)
+    torch_fsdp2  torch's `fully_shard` on a CPU device mesh; per-parameter (dim-0) shards in
+                 DTensors, collectives `all_gather_single` / `reduce_scatter_single` (stage 3)
+
+Predictions (`predicted_rows`): the paper's exact Ψ/N_d, and what a flat-sharded
+implementation stores (each flat group padded to a multiple of N_d: `model_state_bytes(...,
+padded=True)` summed over groups). Wire bytes per rank per step come from the recorded
+collectives, counted as a ring moves them (`toolkit.cost.bytes_sent_per_rank`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..models import GPTConfig, TinyGPT, count_parameters, make_token_data
+from .measured import held_model_states
+from .states import FP32_ADAM, model_state_bytes
+
+METHODS = ("ddp", "zero1", "zero2", "fsdp", "torch_fsdp2")
+"""Every method `run_methods` knows, in stage order."""
+STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "fsdp": 3, "torch_fsdp2": 3}
+"""The ZeRO stage each method implements."""
+DEFAULT_CONFIG = GPTConfig(vocab_size=101, seq_len=16, d_model=63, n_head=7, n_layer=4)
+"""A TinyGPT of 201,285 parameters (odd, so flat shards at 2 and 4 ranks need padding):
+3.2 MB of fp32 Adam states, about a second per method on a CPU."""
+_RING = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
+         "reduce_scatter_single": "reduce_scatter", "all_gather_into_tensor": "all_gather",
+         "all_gather_single": "all_gather"}  # recorded op -> the collective a ring runs
+
+
+def _build(method: str, cfg: GPTConfig, lr: float) -> tuple[Any, torch.optim.Optimizer, list]:
+    """(model to call, optimizer, flat group sizes) for one method on this rank."""
+    from ..data_parallel.fsdp import FullyShardedDataParallel
+    from ..data_parallel.zero import ShardedOptimizer
+
+    model = TinyGPT(cfg)
+    if method == "ddp":
+        return model, torch.optim.Adam(model.parameters(), lr=lr), []
+    if method in ("zero1", "zero2"):
+        opt = ShardedOptimizer(model.parameters(), torch.optim.Adam, stage=STAGE[method], lr=lr)
+        return model, opt, [f.numel for f in opt.flats]
+    if method == "fsdp":
+        fsdp = FullyShardedDataParallel(model)
+        return fsdp, torch.optim.Adam(fsdp.parameters(), lr=lr), [
+            g.numel for g in fsdp._all_groups()]
+    if method == "torch_fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model, torch.optim.Adam(model.parameters(), lr=lr), []
+    raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+
+
+def _rank_run(rank: int, world_size: int, methods: Sequence[str], cfg: GPTConfig, steps: int,
+              batch: int, lr: float) -> list[dict]:
+    from .. import comm
+
+    x, y = make_token_data(batch, cfg.seq_len, cfg.vocab_size)
+    n = batch // world_size
+    xs, ys = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
+    out = []
+    for method in methods:
+        model, opt, groups = _build(method, cfg, lr)
+        with comm.recording() as trace:
+            for _ in range(steps):
+                opt.zero_grad()
+                loss = model(xs, ys)[1]
+                loss.backward()
+                if method == "ddp":
+                    for p in model.parameters():
+                        dist.all_reduce(p.grad)
+                        p.grad.div_(world_size)
+                opt.step()
+        held = held_model_states(model, opt)
+        wire = sum(_ring_bytes(e.op, e.nbytes, world_size) for e in trace.events) / steps
+        out.append(dict(method=method, rank=rank, params=held.params, grads=held.grads,
+                        optimizer=held.optimizer, step_bytes=held.step_bytes,
+                        groups=groups, wire_bytes=wire if trace.events else float("nan"),
+                        calls=len(trace.events) // steps, loss=float(loss)))
+    return out
+
+
+def _ring_bytes(op: str, nbytes: int, p: int) -> float:
+    """Bytes one rank sends for a recorded collective, as a ring moves it. The recorder
+    counts the input: a shard for all-gather (the full tensor is p times it)."""
+    from ..cost import bytes_sent_per_rank
+
+    if op not in _RING:
+        return 0.0
+    full = nbytes * p if _RING[op] == "all_gather" else nbytes
+    return bytes_sent_per_rank(_RING[op], "ring", full, p)
+
+
+def run_methods(world_size: int, methods: Sequence[str] = METHODS, *,
+                cfg: GPTConfig = DEFAULT_CONFIG, steps: int = 2, batch: int = 8,
+                lr: float = 1e-3, timeout: float = 120):
+    """Train with every method on `world_size` real ranks; one row per (method, rank) of
+    measured bytes (params, grads, optimizer, step_bytes), flat group sizes, wire bytes per
+    step and collective calls per step. A pandas DataFrame."""
+    import pandas as pd
+
+    from ..launch import spawn
+
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"run_methods: unknown methods {sorted(unknown)}; choose from {METHODS}")
+    if batch % world_size:
+        raise ValueError(f"run_methods: batch must be divisible by world_size, got {batch} "
+                         f"and {world_size}")
+    rows = spawn(_rank_run, world_size, list(methods), cfg, steps, batch, lr, timeout=timeout,
+                 echo=False)
+    frame = pd.DataFrame([row for rank_rows in rows for row in rank_rows])
+    frame.insert(1, "world_size", world_size)
+    frame.insert(2, "stage", frame.method.map(STAGE))
+    return frame
+
+
+def predicted_rows(measured, cfg: GPTConfig = DEFAULT_CONFIG):
+    """`measured` (from `run_methods`) with the predictions beside it: ``pred_*`` (exact,
+    Ψ/N_d) and ``padded_*`` (flat groups padded to multiples of N_d), fp32 Adam."""
+    psi = count_parameters(TinyGPT(cfg))
+    out = measured.copy()
+    for kind in ("params", "grads", "optimizer"):
+        exact, padded = [], []
+        for _, row in measured.iterrows():
+            n, stage = int(row.world_size), int(row.stage)
+            exact.append(getattr(model_state_bytes(psi, n, stage, FP32_ADAM), kind))
+            groups = row.groups or [psi]
+            pad = 0 if stage == 0 or row.method == "torch_fsdp2" else sum(
+                getattr(model_state_bytes(g, n, stage, FP32_ADAM, padded=True), kind)
+                for g in groups)
+            padded.append(pad or exact[-1])
+        out[f"pred_{kind}"] = exact
+        out[f"padded_{kind}"] = padded
+    out["measured_total"] = out.params + out.grads + out.optimizer
+    out["pred_total"] = out.pred_params + out.pred_grads + out.pred_optimizer
+    out["padded_total"] = out.padded_params + out.padded_grads + out.padded_optimizer
+    out["psi"] = psi
+    return out
+
+
+__all__ = ["DEFAULT_CONFIG", "METHODS", "STAGE", "predicted_rows", "run_methods"]
