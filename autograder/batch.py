@@ -1,0 +1,93 @@
+"""Grade a folder of submissions: one grader process per submission, `jobs` at a time.
+
+Each submission (a sub-folder, or a single .py file) is graded by its own
+``python -m autograder grade SUB --lab LAB --json OUT/NAME/results.json`` process, so one grade
+can never disturb another's state (subreaper, signals, memory), and a grader that dies still
+leaves the others going; a submission whose grader dies gets a results.json saying so.
+Results: ``OUT/NAME/results.json`` and ``OUT/NAME/report.txt`` per submission, and
+``OUT/summary.csv`` (one row per submission: score, seconds, failure kinds, each check's score).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from .report import validate_results
+
+
+def find_submissions(folder: Path) -> list[Path]:
+    subs = sorted(p for p in Path(folder).iterdir()
+                  if not p.name.startswith(".") and (p.is_dir() or p.suffix == ".py"))
+    if not subs:
+        raise ValueError(f"{folder} holds no submissions (sub-folders or .py files)")
+    return subs
+
+
+def _grade_one(sub: Path, lab_dir: Path, out: Path, timeout: float) -> tuple[Path, dict, float]:
+    target = out / sub.stem
+    target.mkdir(parents=True, exist_ok=True)
+    results = target / "results.json"
+    start = time.monotonic()
+    cmd = [sys.executable, "-m", "autograder", "grade", str(sub), "--lab", str(lab_dir),
+           "--json", str(results), "--no-color"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        (target / "report.txt").write_text(proc.stdout + proc.stderr)
+    except subprocess.TimeoutExpired:
+        (target / "report.txt").write_text(f"the grader itself ran past {timeout:g} s\n")
+    try:
+        data = json.loads(results.read_text())
+        if validate_results(data):
+            raise ValueError(validate_results(data))
+    except (OSError, ValueError):
+        data = {"score": 0.0, "execution_time": round(time.monotonic() - start, 1),
+                "output": "The grader failed on this submission; see report.txt.", "tests": []}
+        results.write_text(json.dumps(data, indent=2))
+    return sub, data, time.monotonic() - start
+
+
+def _bar(done: int, total: int, width: int = 30) -> str:
+    filled = width * done // total
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def run_batch(folder: Path, lab_dir: Path, out: Path, *, jobs: int = 2,
+              timeout: float = 600.0, stream=sys.stderr) -> list[dict]:
+    """Grade every submission in `folder`; write results and summary.csv into `out`."""
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {jobs}")
+    subs = find_submissions(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, tty = [], stream.isatty()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(_grade_one, s, lab_dir, out, timeout) for s in subs]
+        for done, fut in enumerate(as_completed(futures), 1):
+            sub, data, seconds = fut.result()
+            kinds = sorted({k for t in data.get("tests", []) for k in t.get("tags", [])})
+            row = {"submission": sub.stem, "score": data.get("score", 0.0),
+                   "max_score": sum(t.get("max_score", 0) for t in data.get("tests", [])),
+                   "seconds": round(seconds, 1), "failures": " ".join(kinds)}
+            row.update({t["name"]: t["score"] for t in data.get("tests", [])})
+            rows.append(row)
+            line = f"{sub.stem}: {row['score']:g}/{row['max_score']:g} ({seconds:.1f} s)"
+            stream.write(f"\r{_bar(done, len(subs))} {line}\n" if not tty else
+                         f"\r\033[K{line}\n{_bar(done, len(subs))}")
+            stream.flush()
+    if tty:
+        stream.write("\n")
+    rows.sort(key=lambda r: r["submission"])
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    with open(out / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return rows
+
+
+__all__ = ["find_submissions", "run_batch"]

@@ -1,0 +1,176 @@
+"""The `autograder` command: grade, batch, gradescope, release, labs.
+
+    autograder grade labs/01_collectives/                 # a student, in their lab folder
+    autograder grade my_collectives.py --lab 01_collectives
+    autograder batch submissions/ --lab 01_collectives --jobs 2 --out graded/
+    autograder gradescope --lab 01_collectives --out autograder.zip
+    autograder release --lab 01_collectives --out student/01_collectives
+
+Exit status: 0 when a grade was produced (whatever the score), 2 for bad arguments, 1 when the
+grader itself failed (a results.json is still written where one was asked for).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+
+from .lab import find_lab, load_lab
+
+LABS_ROOT = Path(__file__).resolve().parent.parent / "labs"
+
+
+def _resolve(path: Path, lab: str | None) -> tuple[Path, Path]:
+    """(lab folder, submission) from `grade`'s arguments."""
+    if lab:
+        return find_lab(lab, LABS_ROOT), path
+    if (path / "checks.py").is_file():
+        return path.resolve(), path
+    if path.is_file():
+        owners = []
+        for checks in sorted(LABS_ROOT.glob("*/checks.py")):
+            if (checks.parent / path.name).is_file():
+                owners.append(checks.parent)
+        if len(owners) == 1:
+            return owners[0], path
+    raise ValueError(f"which lab is {path} for? Pass --lab (e.g. --lab 01_collectives) or grade a "
+                     "lab folder (one with checks.py)")
+
+
+def _grade(args) -> int:
+    from .grade import grade
+    from .report import to_text, write_results
+    from .sandbox.limits import Limits
+
+    if not args.path.exists():
+        raise ValueError(f"{args.path} does not exist")
+    lab_dir, submission = _resolve(args.path, args.lab)
+    try:
+        lab = load_lab(lab_dir, hidden=not args.no_hidden)
+        limits = Limits(wall_s=args.timeout) if args.timeout else Limits()
+        result = grade(lab, submission, limits=limits)
+    except Exception:
+        if args.json:  # never leave Gradescope without a results.json
+            _internal_error(args.json, traceback.format_exc())
+        raise
+    if args.json:
+        write_results(result, args.json)
+    print(to_text(result, color=not args.no_color and sys.stdout.isatty()))
+    if args.json:
+        print(f"\nresults.json written to {args.json}")
+    return 0
+
+
+def _internal_error(path: Path, detail: str) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"score": 0.0, "execution_time": 0, "tests": [],
+                                "output": "The grader failed on this submission; please tell "
+                                          "your instructor.\n" + detail[-2000:]}, indent=2))
+
+
+def _batch(args) -> int:
+    from .batch import run_batch
+
+    lab_dir = find_lab(args.lab, LABS_ROOT)
+    load_lab(lab_dir)  # fail early on a broken lab, before starting anything
+    rows = run_batch(args.folder, lab_dir, args.out, jobs=args.jobs)
+    scores = [r["score"] for r in rows]
+    print(f"graded {len(rows)} submissions into {args.out} (summary.csv); "
+          f"mean score {sum(scores) / len(scores):.1f}")
+    return 0
+
+
+def _gradescope(args) -> int:
+    from .gradescope import build_bundle
+
+    out = build_bundle(find_lab(args.lab, LABS_ROOT), args.out)
+    print(f"wrote {out}: upload it as the autograder of a Gradescope programming assignment")
+    return 0
+
+
+def _release(args) -> int:
+    from .release import release_lab
+
+    lab_dir = find_lab(args.lab, LABS_ROOT)
+    stubbed = release_lab(lab_dir, args.out, force=args.force)
+    regions = ", ".join(f"{f} ({n})" for f, n in stubbed.items()) or "none"
+    print(f"wrote the student edition of {lab_dir.name} to {args.out}; solution regions "
+          f"replaced by stubs: {regions}; hidden/ left out")
+    return 0
+
+
+def _labs(args) -> int:
+    root = Path(args.root) if args.root else LABS_ROOT
+    for checks in sorted(root.glob("*/checks.py")):
+        lab = load_lab(checks.parent)
+        hidden = sum(not c.visible for c in lab.checks)
+        print(f"{checks.parent.name}: {lab.info.title} — {len(lab.checks)} checks "
+              f"({hidden} hidden), {lab.max_score:g} points; student files: "
+              f"{', '.join(lab.info.student_files)}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="autograder", description="Grade multi-rank lab submissions safely: results and "
+        "communication checked on real ranks, Gradescope results.json written.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("grade", help="grade one submission (a lab folder, a folder or a file)",
+                       description="Run a lab's checks on a submission in the sandbox and print "
+                       "a report (and, with --json, write Gradescope's results.json).")
+    g.add_argument("path", type=Path, help="a lab folder (your work in it is graded), a "
+                   "submission folder, or the student file itself")
+    g.add_argument("--lab", help="lab slug or folder (needed unless PATH is a lab folder)")
+    g.add_argument("--json", type=Path, help="write results.json here")
+    g.add_argument("--no-hidden", action="store_true", help="run the visible checks only")
+    g.add_argument("--timeout", type=float, help="wall-clock seconds for the whole grade "
+                   "(default 180)")
+    g.add_argument("--no-color", action="store_true", help="plain text report")
+    g.set_defaults(run=_grade)
+
+    b = sub.add_parser("batch", help="grade every submission in a folder (CSV summary)",
+                       description="Grade each sub-folder or .py file of FOLDER in its own "
+                       "grader process, JOBS at a time, with a progress bar.")
+    b.add_argument("folder", type=Path, help="folder of submissions")
+    b.add_argument("--lab", required=True, help="lab slug or folder")
+    b.add_argument("--jobs", type=int, default=2, help="grades at once (default 2; each uses "
+                   "up to 4 ranks)")
+    b.add_argument("--out", type=Path, default=Path("graded"), help="output folder "
+                   "(default ./graded)")
+    b.set_defaults(run=_batch)
+
+    s = sub.add_parser("gradescope", help="build a Gradescope autograder zip for a lab",
+                       description="Write a zip with setup.sh, run_autograder and the sources.")
+    s.add_argument("--lab", required=True, help="lab slug or folder")
+    s.add_argument("--out", type=Path, default=Path("autograder.zip"), help="zip to write")
+    s.set_defaults(run=_gradescope)
+
+    r = sub.add_parser("release", help="write the student edition of a lab",
+                       description="Copy a lab without hidden/ and with every solution region "
+                       "replaced by a stub and its hints.")
+    r.add_argument("--lab", required=True, help="lab slug or folder")
+    r.add_argument("--out", type=Path, required=True, help="folder to write (must not exist)")
+    r.add_argument("--force", action="store_true", help="replace --out if it exists")
+    r.set_defaults(run=_release)
+
+    lb = sub.add_parser("labs", help="list the labs and their checks")
+    lb.add_argument("--root", help="folder holding the labs (default: this project's labs/)")
+    lb.set_defaults(run=_labs)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, FileExistsError) as err:
+        print(f"autograder {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["main", "parser"]
