@@ -137,3 +137,35 @@ def test_held_model_states_match_fp32_adam_on_one_process():
                                                          predicted.optimizer)
     n_tensors = len(list(model.parameters()))
     assert held.step_bytes == 4 * n_tensors  # Adam's 0-dim float32 `step` per parameter tensor
+
+
+def test_viz_memory_bars_stack_the_parts():
+    from toolkit.viz.memory import memory_bars, stage_bars
+
+    fig = stage_bars(7.5e9, 64, gpu_bytes=32 * M.GiB, highlight=3)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert [t.name for t in bars] == ["params", "grads", "optimizer"]  # no activations given
+    totals = [sum(t.y[i] for t in bars) for i in range(4)]
+    assert [round(x, 2) for x in totals] == [120.0, 31.41, 16.64, 1.88]  # GB, ZeRO Fig. 1
+    assert list(bars[0].marker.line.width) == [0, 0, 0, 3]
+    with pytest.raises(ValueError, match="unknown parts"):
+        memory_bars({"a": {"weights": 1.0}})
+    with pytest.raises(ValueError, match="unit"):
+        memory_bars({"a": {"params": 1.0}}, unit="GiB")
+
+
+def test_memory_calculator_view_and_explorer():
+    from toolkit.widgets.memory import CUSTOM, memory_explorer, memory_view
+
+    _, verdict = memory_view(model="zero-7.5b", n_d=64, stage=1, gpu_gib=32)
+    assert "does not fit" in verdict and "Lowest stage that fits: 2" in verdict
+    fig, verdict = memory_view(model=CUSTOM, num_params=7.5e9, n_d=64, stage=3, gpu_gib=32)
+    assert "1.88 GB" in verdict and "fits" in verdict and "not counted" in verdict
+    explorer = memory_explorer("gpt2-xl", n_d=6, gpu_gib=79)
+    assert explorer.n_d.value == 8 and explorer.gpu_gib.value == 80
+    before = explorer.figure
+    explorer.stage.value = 3  # a control change redraws
+    assert explorer.figure is not before and "Stage 3" in explorer.verdict.value
+    assert len(explorer.output.outputs) == 1
+    with pytest.raises(ValueError, match="unknown model"):
+        memory_explorer("gpt5")
