@@ -191,7 +191,8 @@ def measure(model: TinyGPT, idx: Tensor, targets: Tensor, *, every: int | None,
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     segment = 0
     if every is not None:  # what the biggest segment saves when it runs plainly in backward
-        x = torch.randn(idx.shape[0], idx.shape[1], model.cfg.d_model, requires_grad=True)
+        # Zeros: only sizes matter here, and the global RNG stays untouched.
+        x = torch.zeros(idx.shape[0], idx.shape[1], model.cfg.d_model, requires_grad=True)
         # Its input is left out: that is the checkpoint's, already in saved_bytes.
         _, segment = saved_bytes(lambda: ck._segment(0, max(ck.segments))(x),
                                  exclude=[*model.parameters(), x])
