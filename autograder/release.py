@@ -7,7 +7,8 @@ Solution regions are written once, in the lab's files (Python files and notebook
     ### END SOLUTION
     ### HINT: a line the student sees instead
 
-`release_lab` copies the lab folder without ``hidden/`` and replaces every region by a
+`release_lab` copies the lab folder without ``hidden/`` (and without a README section headed
+``## For instructors``) and replaces every region by a
 ``raise NotImplementedError(...)`` at the region's indentation, with its ``### HINT:`` lines
 turned into ``# Hint:`` comments above it (nbgrader's convention, done with plain text so that
 it works on any file). A region left open, or an END without BEGIN, is an error naming the file
@@ -22,6 +23,8 @@ import shutil
 from pathlib import Path
 
 BEGIN, END, HINT = "### BEGIN SOLUTION", "### END SOLUTION", "### HINT:"
+INSTRUCTORS = "## For instructors"
+"""A Markdown section with this heading (up to the next ``## `` heading) is left out."""
 EXCLUDED = {"hidden", "__pycache__", ".ipynb_checkpoints"}
 
 
@@ -67,6 +70,16 @@ def _hints(rest: list[str]) -> list[str]:
     return hints
 
 
+def _drop_instructor_section(text: str) -> str:
+    out, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("## "):
+            skipping = line.strip() == INSTRUCTORS
+        if not skipping:
+            out.append(line)
+    return "".join(out).rstrip() + "\n"
+
+
 def _notebook(path: Path) -> tuple[str, int]:
     nb = json.loads(path.read_text())
     regions = 0
@@ -105,6 +118,9 @@ def release_lab(lab_dir: Path, out_dir: Path, *, force: bool = False) -> dict[st
         elif src.suffix == ".ipynb":
             text, n = _notebook(src)
             dst.write_text(text)
+        elif src.suffix == ".md":
+            dst.write_text(_drop_instructor_section(src.read_text()))
+            n = 0
         else:
             shutil.copy2(src, dst)
             n = 0

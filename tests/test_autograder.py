@@ -1,0 +1,195 @@
+"""The autograder's core: the reference passes, the student edition holds no solution and its
+stubs fail, results.json follows Gradescope's fields, feedback names the usual mistakes, the
+sandbox confines files, and the CLI's commands work. (Bad submissions: test_autograder_faults.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from autograder.cli import main as cli
+from autograder.feedback import compare_outputs
+from autograder.grade import grade
+from autograder.lab import find_lab, load_lab
+from autograder.release import MarkerError, release_lab, solution_lines, strip_solutions
+from autograder.report import to_results_json, validate_results, write_results
+from autograder.sandbox import landlock
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB_DIR = ROOT / "labs" / "01_collectives"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    return load_lab(find_lab("01_collectives"))
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    out = tmp_path_factory.mktemp("release") / "01_collectives"
+    release_lab(LAB_DIR, out)
+    return out
+
+
+@pytest.mark.multirank
+def test_reference_scores_full_marks_with_a_valid_results_json(lab, tmp_path):
+    result = grade(lab, LAB_DIR / "collectives.py")
+    assert [c.check.name for c in result.checks if not c.ok] == []
+    assert result.score == result.max_score == 100
+    data = write_results(result, tmp_path / "results.json")
+    assert validate_results(json.loads((tmp_path / "results.json").read_text())) == []
+    assert {t["visibility"] for t in data["tests"]} == {"visible", "after_published"}
+    assert "landlock" in result.sandbox or landlock.abi_version() == 0
+
+
+def test_release_holds_no_solution_and_no_hidden_checks(released):
+    text = "".join(p.read_text() for p in released.rglob("*") if p.is_file())
+    assert not (released / "hidden").exists()
+    assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
+    leaked = [line for line in solution_lines(LAB_DIR) if line in text]
+    assert solution_lines(LAB_DIR), "the reference has solution regions"
+    assert leaked == []
+    assert text.count('raise NotImplementedError("your code here")') == 4
+    assert "# Hint:" in text
+
+
+@pytest.mark.multirank
+def test_release_stubs_fail_every_visible_check(released):
+    stub_lab = load_lab(released)  # the student edition: visible checks only
+    assert not stub_lab.hidden_loaded and all(c.visible for c in stub_lab.checks)
+    result = grade(stub_lab, released / "collectives.py")
+    assert result.score == 0
+    assert {c.kind for c in result.checks} == {"not_implemented"}
+
+
+def test_solution_markers_must_pair_up():
+    with pytest.raises(MarkerError, match="never closed"):
+        strip_solutions("x = 1\n### BEGIN SOLUTION\ny = 2\n", "f.py")
+    with pytest.raises(MarkerError, match="without"):
+        strip_solutions("### END SOLUTION\n", "f.py")
+    text, n = strip_solutions("def f():\n    ### BEGIN SOLUTION\n    return 1\n"
+                              "    ### END SOLUTION\n    ### HINT: return one\n")
+    assert n == 1 and "return 1" not in text
+    assert "    # Hint: return one\n    raise NotImplementedError" in text
+
+
+def _t(*values):
+    return torch.tensor(values, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("outputs, message", [
+    ([_t(2, 3), _t(2, 3)], "averaged instead of summed"),
+    ([_t(1, 2), _t(3, 4)], "still the rank's own input"),
+    ([_t(4, 6), _t(3, 4)], "right only on rank 0"),
+    ([_t(6, 4), _t(6, 4)], "wrong order"),
+    ([_t(4, 6), _t(4, 7)], "rank 1: on rank 1, element 1 is 7, expected 6"),
+])
+def test_feedback_names_the_usual_mistakes(outputs, message):
+    inputs, total = [_t(1, 2), _t(3, 4)], _t(4, 6)
+    verdict = compare_outputs(outputs, [total, total], world_size=2, inputs=inputs,
+                              bounds=[(0, 1), (1, 2)])
+    assert not verdict.passed
+    assert message in verdict.message.replace("ranks 1", "rank 1")
+
+
+def test_results_validation_catches_bad_fields():
+    assert validate_results({"score": 1, "execution_time": 0, "output": "", "tests": [
+        {"name": "a", "score": 2, "max_score": 1, "status": "ok", "output": "",
+         "visibility": "sometimes"}]})  # score > max, bad status, bad visibility, sum ok
+
+
+@pytest.mark.skipif(landlock.abi_version() < 1, reason="this kernel has no Landlock")
+def test_landlock_confines_reads_and_writes(tmp_path):
+    secret, inside = tmp_path / "secret.txt", tmp_path / "box"
+    secret.write_text("answer")
+    inside.mkdir()
+    code = f"""
+import sys
+from autograder.sandbox import landlock
+from autograder.sandbox.limits import sandbox_paths
+from pathlib import Path
+read, write, listing = sandbox_paths(Path({str(inside)!r}))
+landlock.restrict(read, write, listing)
+for action in (lambda: open({str(secret)!r}).read(), lambda: open({str(tmp_path / 'forged.json')!r}, 'w'),
+               lambda: open({str(LAB_DIR / 'collectives.py')!r}).read()):
+    try:
+        action(); print("allowed")
+    except PermissionError:
+        print("denied")
+open({str(inside / 'ok.txt')!r}, "w").write("fine"); print("inside ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["denied", "denied", "denied", "inside", "ok"], out.stderr
+
+
+def test_cli_reports_bad_arguments_with_exit_status_2(tmp_path, capsys):
+    assert cli(["grade", str(tmp_path / "missing.py")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "x.py").write_text("pass\n")
+    assert cli(["grade", str(tmp_path / "x.py")]) == 2
+    assert "--lab" in capsys.readouterr().err
+    assert cli(["grade", str(tmp_path / "x.py"), "--lab", "99_nope"]) == 2
+    assert "01_collectives" in capsys.readouterr().err  # lists the labs there are
+    (tmp_path / "out").mkdir()
+    assert cli(["release", "--lab", "01_collectives", "--out", str(tmp_path / "out")]) == 2
+    assert "--force" in capsys.readouterr().err
+
+
+def test_cli_grades_a_syntax_error_without_starting_ranks(tmp_path, capsys):
+    bad = tmp_path / "collectives.py"
+    bad.write_text("def ring_all_reduce(t:\n    return t\n")
+    assert cli(["grade", str(bad), "--lab", "01_collectives", "--json",
+                str(tmp_path / "r.json"), "--no-color"]) == 0
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["score"] == 0 and validate_results(data) == []
+    assert {t["extra_data"]["kind"] for t in data["tests"]} == {"syntax_error"}
+    assert "line 1" in capsys.readouterr().out
+
+
+def test_gradescope_bundle_follows_the_specification(tmp_path):
+    assert cli(["gradescope", "--lab", "01_collectives", "--out", str(tmp_path / "ag.zip")]) == 0
+    with zipfile.ZipFile(tmp_path / "ag.zip") as zf:
+        names = set(zf.namelist())
+        modes = {i.filename: i.external_attr >> 16 for i in zf.infolist()}
+        run = zf.read("run_autograder").decode()
+    assert {"setup.sh", "run_autograder", "pyproject.toml", "labs/01_collectives/hidden/checks.py",
+            "autograder/cli.py", "toolkit/launch/launcher.py"} <= names
+    assert modes["setup.sh"] & 0o111 and modes["run_autograder"] & 0o111
+    assert "/autograder/results/results.json" in run and "/autograder/submission" in run
+
+
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_batch_grades_a_folder_with_a_summary(tmp_path, released):
+    subs = tmp_path / "subs"
+    for name, src in (("alice", LAB_DIR / "collectives.py"), ("bob", released / "collectives.py")):
+        (subs / name).mkdir(parents=True)
+        (subs / name / "collectives.py").write_bytes(src.read_bytes())
+    out = subprocess.run([sys.executable, "-m", "autograder", "batch", str(subs), "--lab",
+                          "01_collectives", "--jobs", "2", "--out", str(tmp_path / "graded")],
+                         capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    rows = (tmp_path / "graded" / "summary.csv").read_text().splitlines()
+    assert rows[1].startswith("alice,100.0,100,") and rows[2].startswith("bob,0.0,100,")
+    assert "2/2" in out.stderr
+    for name in ("alice", "bob"):
+        data = json.loads((tmp_path / "graded" / name / "results.json").read_text())
+        assert validate_results(data) == []
+
+
+@pytest.mark.multirank
+def test_playground_runs_the_reference(tmp_path):
+    nbclient = pytest.importorskip("nbclient")
+    import nbformat
+
+    nb = nbformat.read(LAB_DIR / "playground.ipynb", as_version=4)
+    nbclient.NotebookClient(nb, timeout=120, resources={"metadata": {"path": str(LAB_DIR)}}).execute()
+    text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "WRONG" not in text and text.count("correct;") == 4
