@@ -20,7 +20,7 @@ table has the simulator's columns (`toolkit.pipeline.simulate`), in seconds from
 
 Activation memory is counted, not guessed: a ``saved_tensors_hooks`` pack hook adds up the bytes
 of the tensors autograd saves for backward during each forward (parameters excluded, each
-storage once), and the held total rises at F and falls at B; `PipelineRun.peak_bytes` is its
+tensor once), and the held total rises at F and falls at B; `PipelineRun.peak_bytes` is its
 maximum per stage.
 
 Layer assignment: with v = 1, p stages get ``tensor_split``'s shares of the layers (the first
@@ -178,11 +178,13 @@ def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor
             saved = 0
 
             def pack(t: Tensor) -> Tensor:
+                # The tensor's own bytes, not its storage's: a micro-batch of x is a view into
+                # the whole batch. Once per tensor (a ReLU's output is the next Linear's input).
                 nonlocal saved
-                ptr = t.untyped_storage().data_ptr()
-                if ptr not in param_ptrs and ptr not in seen:
-                    seen.add(ptr)
-                    saved += t.untyped_storage().nbytes()
+                key = (t.data_ptr(), t.numel())
+                if t.untyped_storage().data_ptr() not in param_ptrs and key not in seen:
+                    seen.add(key)
+                    saved += t.numel() * t.element_size()
                 return t
 
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

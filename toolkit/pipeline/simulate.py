@@ -89,12 +89,19 @@ def idle_fraction(table: pd.DataFrame, p: int | None = None) -> float:
     return _span_and_bubble(table, p)[1]
 
 
-def stage_times(table: pd.DataFrame, v: int = 1) -> tuple[float, float]:
+def stage_times(table: pd.DataFrame, v: int = 1, *, per_stage: bool = False
+                ) -> tuple[float, float] | tuple[list[float], list[float]]:
     """Mean (forward, backward) time of one micro-batch through a whole stage in a timeline
-    table: the mean op duration times v. Feed them to `simulate` for the ideal that matches a
-    measured run."""
-    means = table.groupby("op")["duration"].mean()
-    return float(means.get("F", 0.0)) * v, float(means.get("B", 0.0)) * v
+    table: the mean op duration times v; with `per_stage`, one value per stage. Feed them to
+    `simulate` for the ideal that matches a measured run: what is left between the two is
+    communication and waiting."""
+    if not per_stage:
+        means = table.groupby("op")["duration"].mean()
+        return float(means.get("F", 0.0)) * v, float(means.get("B", 0.0)) * v
+    means = table.groupby(["stage", "op"])["duration"].mean()
+    p = int(table["stage"].max()) + 1
+    return ([float(means.get((r, "F"), 0.0)) * v for r in range(p)],
+            [float(means.get((r, "B"), 0.0)) * v for r in range(p)])
 
 
 __all__ = ["COLUMNS", "Timeline", "idle_fraction", "simulate", "stage_times"]
