@@ -33,6 +33,17 @@ def _jsonable(value):
     return value
 
 
+def _message(exc_type: str | None, traceback: str) -> str:
+    """The exception's message: the traceback's last line after "Type: " (exceptions of
+    untrusted ranks are never unpickled, only their text is kept)."""
+    lines = [l for l in (traceback or "").strip().splitlines() if l.strip()]
+    last = lines[-1] if lines else ""
+    for prefix in (f"{exc_type}: ", f"{(exc_type or '').split('.')[-1]}: "):
+        if exc_type and prefix in last:
+            return last.split(prefix, 1)[1]
+    return last
+
+
 def _tail(text: str, limit: int = 4000) -> str:
     return text if len(text) <= limit else "..." + text[-limit:]
 
@@ -45,13 +56,13 @@ def run_group(job: dict, group: dict) -> dict:
     record = {"group": group["id"]}
     try:
         results = spawn(in_rank, group["world_size"], job, group, timeout=group["timeout"],
-                        echo=False)
+                        echo=False, trusted=False)
     except SpawnTimeout as err:
         record.update(status="timeout", timeout=err.timeout, finished=err.finished,
                       stuck={str(r): _tail(w, 3000) for r, w in err.stuck.items()})
     except RankError as err:
         record.update(status="error", rank=err.rank, kind=err.kind, exc_type=err.exc_type,
-                      message=_tail(str(err.exception) if err.exception is not None else ""),
+                      message=_tail(_message(err.exc_type, err.traceback)),
                       traceback=_tail(err.traceback), exit_code=err.exit_code,
                       others=err.others[:8])
     else:

@@ -41,7 +41,7 @@ def is_cause(r: RankProcess, board: InflightBoard) -> bool:
 
 
 def failure_error(ranks: list[RankProcess], world_size: int, board: InflightBoard,
-                  pump: OutputPump) -> RankError:
+                  pump: OutputPump, *, rebuild: bool = True) -> RankError:
     """The error for a launch in which some rank failed: the cause, with its traceback."""
     reported = [r for r in ranks if r.outcome is not None and r.outcome[0] != "ok"]
     causes = [r for r in reported if is_cause(r, board)] or reported
@@ -61,7 +61,7 @@ def failure_error(ranks: list[RankProcess], world_size: int, board: InflightBoar
         lines += ["", f"{'Rank' if len(stopped) == 1 else 'Ranks'} "
                       f"{', '.join(map(str, stopped))} {'was' if len(stopped) == 1 else 'were'} stopped."]
     exception = None
-    if info.get("exception"):
+    if info.get("exception") and rebuild:  # never for untrusted ranks: see safe_pickle
         import cloudpickle
         try:
             exception = cloudpickle.loads(info["exception"])
