@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import plotly.graph_objects as go
 
-from ..memory import GB, MIXED_ADAM, Budget, ModelStates, Recipe, model_state_bytes
+from ..memory import GB, MIXED_ADAM, GiB, Budget, ModelStates, Recipe, model_state_bytes
 
 PARTS = ("params", "grads", "optimizer", "activations")
 """What a bar stacks, bottom to top."""
@@ -59,17 +59,23 @@ def memory_bars(bars: Mapping[str, Budget | ModelStates | Mapping[str, float]], 
                     marker_line_color="black",
                     hovertemplate=f"%{{x}}<br>{part}: %{{y:.4g}} {unit}<extra></extra>")
     totals = [sum(parts[label].values()) / scale for label in labels]
-    fig.add_scatter(x=labels, y=totals, mode="text", text=[f"{t:.3g} {unit}" for t in totals],
+    fig.add_scatter(x=labels, y=totals, mode="text", text=[f"{_fmt(t)} {unit}" for t in totals],
                     textposition="top center", showlegend=False, hoverinfo="skip")
     if gpu_bytes is not None:
+        gib = f"{gpu_bytes / GiB:.3g} GiB = " if unit == "GB" else ""
         fig.add_hline(y=gpu_bytes / scale, line_dash="dash", line_color="#d62728",
-                      annotation_text=f"device memory {gpu_bytes / scale:.3g} {unit}",
+                      annotation_text=f"device memory {gib}{_fmt(gpu_bytes / scale)} {unit}",
                       annotation_position="top left")
     top = max(totals + ([gpu_bytes / scale] if gpu_bytes else []))
     fig.update_layout(barmode="stack", title=title or "memory per device", height=420,
                       yaxis=dict(title=f"{unit} per device", range=[0, top * 1.15]),
                       legend=dict(orientation="h", y=-0.15), margin=dict(t=60, b=40))
     return fig
+
+
+def _fmt(value: float) -> str:
+    """3 significant digits without exponents: 0.0123, 1.88, 31.4, 3,070."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def stage_bars(num_params: float, n_d: int, *, recipe: Recipe = MIXED_ADAM,
