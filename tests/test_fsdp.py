@@ -153,3 +153,31 @@ def test_eval_forward_state_dict_and_no_original_parameters_left():
 def test_errors():
     with pytest.raises(RuntimeError, match="not initialised"):
         FSDP(TinyMLP())
+
+
+def _accumulate(rank, world, units_mode):
+    base = TinyMLP(**MLP)
+    units = [] if units_mode == "root-only" else None  # [] puts every parameter in the root
+    model = FSDP(base, units)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    x, y = make_regression_data(BATCH, MLP["d_in"], MLP["d_out"])
+    n = BATCH // world
+    mine_x, mine_y = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
+    half = n // 2
+    for lo, hi in ((0, half), (half, n)):  # two micro-batches, one step
+        (F.mse_loss(model(mine_x[lo:hi]), mine_y[lo:hi]) / 2).backward()
+    opt.step()
+    return model.full_state_dict(), len(model.unit_groups), len(model.root_groups)
+
+
+@pytest.mark.parametrize("units_mode", ["default", "root-only"])
+def test_gradient_accumulation_and_root_only(units_mode):
+    reference = TinyMLP(**MLP)
+    x, y = make_regression_data(BATCH, MLP["d_in"], MLP["d_out"])
+    F.mse_loss(reference(x), y).backward()
+    torch.optim.SGD(reference.parameters(), lr=0.2).step()
+    for state, n_units, n_root in spawn(_accumulate, 2, units_mode, timeout=TIMEOUT,
+                                        echo=False):
+        assert (n_units, n_root) == ((3, 0) if units_mode == "default" else (0, 1))
+        for name, value in reference.state_dict().items():
+            torch.testing.assert_close(state[name], value, rtol=1e-5, atol=1e-6)
