@@ -15,6 +15,8 @@ Pure functions: numbers in, plotly figure (and text) out; no processes, no widge
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import qualitative
@@ -118,7 +120,7 @@ def tp_layer_time(*, hidden: int, tp: int, tokens: int, seq: int, link: AlphaBet
                   peak_flops: float, efficiency: float = 0.5,
                   bytes_per_elem: int = 2) -> dict[str, float]:
     """Seconds per layer and step: ``compute`` (72·tokens·h²·(1 + s/6h) FLOPs / tp at
-    `efficiency` × peak; Narayanan et al., 2021, eq. 3 per layer) and ``comm`` (4 ring
+    `efficiency` × peak; Narayanan et al., 2021, per layer) and ``comm`` (4 ring
     all-reduces of tokens·h elements over tp ranks, α-β model)."""
     if tp < 1 or hidden < 1 or tokens < 1 or seq < 1:
         raise ValueError(f"need hidden, tp, tokens, seq >= 1, got {hidden}, {tp}, {tokens}, {seq}")
@@ -153,10 +155,14 @@ def tp_time_view(*, hidden: int, tp: int, tokens: int, bandwidth_gbs: float, seq
     fig.add_scatter(x=[bandwidth_gbs], y=[here["comm"] * ms], mode="markers", name="your link",
                     marker=dict(size=12, color="#d62728", symbol="diamond"))
     for name, link in LINKS.items():
-        fig.add_vline(x=link.bandwidth / 1e9, line_dash="dot", line_color="#888",
-                      annotation_text=name.split(" (")[0], annotation_textangle=-90)
-    fig.update_xaxes(type="log", title_text="link bandwidth (GB/s, per direction)")
-    fig.update_yaxes(type="log", title_text="ms per layer per step")
+        gbs = link.bandwidth / 1e9
+        fig.add_shape(type="line", x0=gbs, x1=gbs, yref="paper", y0=0, y1=1,
+                      line=dict(dash="dot", color="#888"))
+        # On a log axis plotly places annotations in log10 units (shapes in data units).
+        fig.add_annotation(x=math.log10(gbs), yref="paper", y=1, yanchor="top", xanchor="right",
+                           text=name.split(" (")[0], textangle=-90, showarrow=False)
+    fig.update_xaxes(type="log", range=[0, 3], title_text="link bandwidth (GB/s, per direction)")
+    fig.update_yaxes(type="log", dtick=1, tickformat=",~r", title_text="ms per layer per step")
     fig.update_layout(title=f"h = {hidden:,}, tp = {tp}, {tokens:,} tokens (s = {seq:,}): "
                             f"all-reduces vs compute", height=420,
                       legend=dict(orientation="h", y=-0.25), margin=dict(l=60, r=20, t=60, b=40))
