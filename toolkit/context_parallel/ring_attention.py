@@ -14,8 +14,9 @@ a running row maximum m and running sum ℓ (the online softmax):
     S = Q_r K_jᵀ/√d,   m' = max(m, rowmax S),   ℓ' = ℓ·e^(m − m') + rowsum e^(S − m')
     O' = O·e^(m − m') + e^(S − m') V_j,          and finally O = O'/ℓ'
 
-Each rank sends p − 1 key/value blocks (one message of 2·b·n_head·s_r·d elements each) and
-never holds more than two blocks at once, so memory per rank is O(s/p) however long s is.
+Each rank sends p − 1 key/value blocks (one message of 2·b·n_head·s_r·d elements each) and in
+forward never holds more than two blocks at once, so memory per rank is O(s/p) however long s
+is (the scores of one block pair, s_r × s_j, are the largest temporary).
 
 Causal masking: position i sees positions ≤ i. Rank r's queries come after every position of a
 block j < r (nothing masked), meet block r on the diagonal (lower triangle) and see nothing of a
