@@ -5,8 +5,9 @@ chunks from the layers it owns (`assign_layers`), splits the batch into m micro-
 (`torch.tensor_split`: the first B mod m are one row longer), and runs its list of the
 `Schedule` in order (`run_stage`, which a lab can spawn itself):
 
-* F(mb) on virtual stage k: receive the activation from k−1 (``irecv``, waited on before the
-  op: the only place a rank blocks), run the chunk, ``isend`` the output to k+1. The last
+* F(mb) on virtual stage k: receive the activation from k−1 (``irecv``, posted one op ahead
+  and waited on before the op: the only place a rank blocks), run the chunk, ``isend`` the
+  output to k+1. The last
   virtual stage computes the loss: ``loss_fn(out, y_mb)`` scaled by rows(mb)/B, so the
   micro-batch losses add up to the full batch's mean loss and the gradients to its gradient.
 * B(mb) on k: receive dL/d(output) from k+1 (or start from the loss), backpropagate through the
@@ -157,24 +158,61 @@ def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor
     micro_x, micro_y = torch.tensor_split(x, s.m), torch.tensor_split(y, s.m)
     shapes = _shapes(layers, bounds, list(micro_x))
 
+    ops = s.stages[rank]
+    posted: dict[int, tuple] = {}        # op index -> (work, buffer) of its pre-posted receive
+    local: dict[int, Tensor] = {}         # messages to this same rank (p = 1), by tag
+    sends: list = []
+
+    def post(i: int) -> None:
+        """Post the receive of op i's input. Posting the next op's receive before computing
+        this one lets the message land meanwhile, as Megatron-LM does."""
+        if i >= len(ops) or i in posted:
+            return
+        op, k = ops[i], s.virtual_stage(rank, ops[i].chunk)
+        if op.kind == "F" and k > 0:
+            src, tag, (shape, dtype) = (k - 1) % p, _tag(op.mb, k - 1, n_virtual, False), \
+                shapes[k - 1, op.mb]
+        elif op.kind == "B" and k < n_virtual - 1:
+            src, tag, (shape, dtype) = (k + 1) % p, _tag(op.mb, k + 1, n_virtual, True), \
+                shapes[k, op.mb]
+        else:
+            posted[i] = (None, None)
+            return
+        if src == rank:
+            posted[i] = ("local", tag)
+            return
+        buf = torch.empty(shape, dtype=dtype)
+        posted[i] = (dist.irecv(buf, src=src, tag=tag), buf)
+
+    def receive(i: int) -> Tensor | None:
+        work, buf = posted.pop(i)
+        if work is None:
+            return None
+        if isinstance(work, str):         # "local": the tensor never left this rank
+            return local.pop(buf)
+        work.wait()                       # the only place a rank blocks
+        return buf
+
+    def send(t: Tensor, dst: int, tag: int) -> None:
+        if dst == rank:
+            local[tag] = t
+        else:
+            sends.append((dist.isend(t, dst=dst, tag=tag), t))
+
     stash: dict[tuple[int, int], tuple[Tensor | None, Tensor]] = {}
     mb_bytes: dict[tuple[int, int], int] = {}
     held = peak = 0
-    sends: list = []
     rows, loss_total = [], 0.0
-    for op in s.stages[rank]:
+    for i, op in enumerate(ops):
         k = s.virtual_stage(rank, op.chunk)
         ready = time.perf_counter()
+        post(i)
+        post(i + 1)
+        data = receive(i)
+        start = time.perf_counter()
         if op.kind == "F":
-            if k == 0:
-                inp = micro_x[op.mb]
-            else:
-                shape, dtype = shapes[k - 1, op.mb]
-                inp = torch.empty(shape, dtype=dtype)
-                dist.irecv(inp, src=(k - 1) % p, tag=_tag(op.mb, k - 1, n_virtual, False)).wait()
-                inp.requires_grad_()
-            start = time.perf_counter()
-            seen: set[int] = set()
+            inp = micro_x[op.mb] if k == 0 else data.requires_grad_()
+            seen: set[tuple[int, int]] = set()
             saved = 0
 
             def pack(t: Tensor) -> Tensor:
@@ -194,28 +232,18 @@ def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor
                     loss_total += float(out.detach())
             end = time.perf_counter()           # compute done; posting the send is not compute
             if k < n_virtual - 1:
-                act = out.detach()
-                sends.append((dist.isend(act, dst=(k + 1) % p,
-                                         tag=_tag(op.mb, k, n_virtual, False)), act))
+                send(out.detach(), (k + 1) % p, _tag(op.mb, k, n_virtual, False))
             stash[op.mb, op.chunk] = (inp if k > 0 else None, out)
             mb_bytes[op.mb, op.chunk] = saved
             held += saved
             peak = max(peak, held)
         else:
             inp, out = stash.pop((op.mb, op.chunk))
-            if k == n_virtual - 1:
-                grad = None
-            else:
-                shape, dtype = shapes[k, op.mb]
-                grad = torch.empty(shape, dtype=dtype)
-                dist.irecv(grad, src=(k + 1) % p, tag=_tag(op.mb, k + 1, n_virtual, True)).wait()
-            start = time.perf_counter()
             if out.requires_grad:       # a stage 0 of frozen layers has nothing to backprop
-                torch.autograd.backward(out, grad)
+                torch.autograd.backward(out, data)
             end = time.perf_counter()
             if inp is not None:
-                sends.append((dist.isend(inp.grad, dst=(k - 1) % p,
-                                         tag=_tag(op.mb, k, n_virtual, True)), inp.grad))
+                send(inp.grad, (k - 1) % p, _tag(op.mb, k, n_virtual, True))
             held -= mb_bytes[op.mb, op.chunk]
         rows.append((rank, op.kind, op.mb, op.chunk, start, end, end - start, start - ready))
     for work, _ in sends:
