@@ -6,7 +6,8 @@ few steps of fp32 Adam on real gloo ranks, count the bytes of parameters, gradie
 optimizer state every rank holds afterwards, and print them beside
 
 - the paper's formula with the exact Ψ/N_d (`model_state_bytes(Ψ, N_d, stage, FP32_ADAM)`),
-- the same with each flat group padded to a multiple of N_d (`padded=True`, summed over groups),
+- what each implementation stores: each flat group padded to a multiple of N_d (`padded=True`,
+  summed over groups) for ours; per-parameter dim-0 chunks for FSDP2 (`dim0_shard_numel`),
 
 plus the volume each rank sends per step as a ring moves the recorded collectives, in units of
 (N_d−1)/N_d · Ψ·4 bytes (ZeRO's "2Ψ" and "3Ψ" count this way). Adam's 0-dim `step` counters (4 bytes per optimized tensor) are listed apart.
@@ -38,9 +39,9 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
         rows.append({
             "N_d": n, "method": method, "stage": big.stage,
             "params": big.params, "grads": big.grads, "optimizer": big.optimizer,
-            "measured": big.measured_total, "padded pred.": big.padded_total,
+            "measured": big.measured_total, "impl. pred.": big.padded_total,
             "exact pred.": big.pred_total,
-            "meas.-padded": big.measured_total - big.padded_total,
+            "meas.-impl.": big.measured_total - big.padded_total,
             "meas.-exact": big.measured_total - big.pred_total,
             "ranks differ": int(g.measured_total.nunique() > 1),
             "step ctrs": big.step_bytes,
@@ -62,9 +63,9 @@ def main() -> None:
           f"bytes per rank (the largest rank where they differ)\n")
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(summary(df).to_string(index=False))
-    print("\npadded pred.: each flat group padded to N_d·⌈n/N_d⌉ elements (ZeRO-1/2: one group; "
-          "FSDP: one per unit); torch FSDP2 pads each parameter's dim 0, compared with the "
-          "exact formula.\nvolume/step: ring bytes one rank sends per step for its recorded "
+    print("\nimpl. pred.: each flat group padded to N_d·⌈n/N_d⌉ elements (ZeRO-1/2: one group; "
+          "FSDP: one per unit); torch FSDP2: every parameter split along dim 0, params and grads "
+          "padded to ⌈d0/N_d⌉ rows, Adam state not (so its ranks differ).\nvolume/step: ring bytes one rank sends per step for its recorded "
           "collectives ÷ ((N−1)/N · Ψ·4): 2 for DDP and ZeRO-2, 3 for ZeRO-1 as built "
           "(all-reduce + all-gather) and for FSDP (a little less: its root is gathered once).")
     if args.csv:

@@ -181,3 +181,13 @@ def test_gradient_accumulation_and_root_only(units_mode):
         assert (n_units, n_root) == ((3, 0) if units_mode == "default" else (0, 1))
         for name, value in reference.state_dict().items():
             torch.testing.assert_close(state[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_torch_fsdp2_holds_its_predicted_bytes():
+    from toolkit.memory.runs import predicted_rows, run_methods
+
+    rows = predicted_rows(run_methods(2, ("fsdp", "torch_fsdp2"), steps=1))
+    for part in ("params", "grads", "optimizer"):
+        assert (rows[part] == rows[f"padded_{part}"]).all(), part
+    # Both shard Ψ over 2 ranks: within 2 % of 16Ψ/N_d, whatever the padding scheme.
+    assert ((rows.measured_total / rows.pred_total - 1).abs() < 0.02).all()

@@ -169,3 +169,13 @@ def test_memory_calculator_view_and_explorer():
     assert len(explorer.output.outputs) == 1
     with pytest.raises(ValueError, match="unknown model"):
         memory_explorer("gpt5")
+
+
+def test_dim0_shards_as_torch_chunk():
+    from toolkit.memory.runs import dim0_shard_numel
+
+    shapes = [(5, 3), (2,), (4, 2, 2)]
+    # torch.chunk along dim 0 on 4 ranks: rows 2,2,1,0 / 1,1,0,0 / 1,1,1,1
+    assert [dim0_shard_numel(shapes, 4, r, padded=False) for r in range(4)] == [
+        2 * 3 + 1 + 4, 2 * 3 + 1 + 4, 1 * 3 + 0 + 4, 0 + 0 + 4]
+    assert dim0_shard_numel(shapes, 4, 3, padded=True) == 2 * 3 + 1 + 4

@@ -12,14 +12,15 @@ then counts the bytes of parameters, gradients and optimizer state the rank hold
     torch_fsdp2  torch's `fully_shard` on a CPU device mesh; per-parameter (dim-0) shards in
                  DTensors, collectives `all_gather_single` / `reduce_scatter_single` (stage 3)
 
-Predictions (`predicted_rows`): the paper's exact Ψ/N_d, and what a flat-sharded
-implementation stores (each flat group padded to a multiple of N_d: `model_state_bytes(...,
-padded=True)` summed over groups). Wire bytes per rank per step come from the recorded
+Predictions (`predicted_rows`): the paper's exact Ψ/N_d, and what each implementation stores:
+flat groups padded to a multiple of N_d (`model_state_bytes(..., padded=True)` summed over
+groups) for ours, per-parameter dim-0 chunks for FSDP2 (`dim0_shard_numel`). Wire bytes per rank per step come from the recorded
 collectives, counted as a ring moves them (`toolkit.cost.bytes_sent_per_rank`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import torch
@@ -132,21 +133,45 @@ def run_methods(world_size: int, methods: Sequence[str] = METHODS, *,
     return frame
 
 
+def dim0_shard_numel(shapes: Sequence[tuple[int, ...]], n_d: int, rank: int, *,
+                    padded: bool) -> int:
+    """Elements rank `rank` holds when every parameter is split along its first dimension as
+    torch's FSDP2 does (`torch.chunk`: ⌈d0/N_d⌉ rows per rank, the last ranks fewer or none).
+    `padded`: FSDP2's sharded parameters and gradients live in a buffer padded to ⌈d0/N_d⌉
+    rows on every rank; its optimizer states (made by ``zeros_like`` on the shard) are not."""
+    total = 0
+    for shape in shapes:
+        rows = shape[0] if shape else 1
+        per_row = math.prod(shape[1:]) if shape else 1
+        chunk = -(-rows // n_d)
+        mine = chunk if padded else max(0, min(chunk, rows - rank * chunk))
+        total += mine * per_row
+    return total
+
+
 def predicted_rows(measured, cfg: GPTConfig = DEFAULT_CONFIG):
-    """`measured` (from `run_methods`) with the predictions beside it: ``pred_*`` (exact,
-    Ψ/N_d) and ``padded_*`` (flat groups padded to multiples of N_d), fp32 Adam."""
-    psi = count_parameters(TinyGPT(cfg))
+    """`measured` (from `run_methods`) with the predictions beside it, fp32 Adam: ``pred_*``
+    the paper's exact Ψ/N_d; ``padded_*`` what the implementation stores: flat groups padded
+    to multiples of N_d (ZeRO-1/2, FSDP), dim-0 chunks per parameter (torch FSDP2)."""
+    model = TinyGPT(cfg)
+    psi = count_parameters(model)
+    shapes = [tuple(p.shape) for p in model.parameters()]
     out = measured.copy()
     for kind in ("params", "grads", "optimizer"):
         exact, padded = [], []
         for _, row in measured.iterrows():
             n, stage = int(row.world_size), int(row.stage)
             exact.append(getattr(model_state_bytes(psi, n, stage, FP32_ADAM), kind))
-            groups = row.groups or [psi]
-            pad = 0 if stage == 0 or row.method == "torch_fsdp2" else sum(
-                getattr(model_state_bytes(g, n, stage, FP32_ADAM, padded=True), kind)
-                for g in groups)
-            padded.append(pad or exact[-1])
+            if row.method == "torch_fsdp2":
+                bytes_per = {"params": 4, "grads": 4, "optimizer": 8}[kind]
+                padded.append(bytes_per * dim0_shard_numel(
+                    shapes, n, int(row["rank"]), padded=kind != "optimizer"))
+            elif stage == 0:
+                padded.append(exact[-1])
+            else:
+                padded.append(sum(
+                    getattr(model_state_bytes(g, n, stage, FP32_ADAM, padded=True), kind)
+                    for g in row.groups))
         out[f"pred_{kind}"] = exact
         out[f"padded_{kind}"] = padded
     out["measured_total"] = out.params + out.grads + out.optimizer
@@ -156,4 +181,5 @@ def predicted_rows(measured, cfg: GPTConfig = DEFAULT_CONFIG):
     return out
 
 
-__all__ = ["DEFAULT_CONFIG", "METHODS", "STAGE", "predicted_rows", "run_methods"]
+__all__ = ["DEFAULT_CONFIG", "METHODS", "STAGE", "dim0_shard_numel", "predicted_rows",
+           "run_methods"]
