@@ -1,0 +1,148 @@
+"""Lab 04's visible checks and the judges the hidden ones reuse.
+
+The student's schedules come back as plain lists; everything else happens here, in the grader:
+`toolkit.pipeline.problems` names what is wrong (missing ops, a backward before its forward,
+neighbours that send and receive in different orders, a deadlock, too many micro-batches in
+flight), `simulate` measures the bubble against (p−1)/(m+p−1) (GPipe, Huang et al. 2019; 1F1B,
+Narayanan et al. 2021), and `run_pipeline` runs the schedule on p real gloo ranks so its
+gradients can be compared with the unsplit model's.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from autograder.lab import CaseResult, Check, LabInfo, Verdict
+from toolkit import pipeline
+from toolkit.models import TinyMLP, make_regression_data
+
+LAB = LabInfo(
+    slug="04_pipeline_schedule",
+    title="Lab 04: pipeline schedules",
+    student_files=("schedules.py",),
+    names=("gpipe", "one_f_one_b", "bubble_fraction"),
+    forbidden_imports=("toolkit.pipeline",),
+)
+
+BACKWARD_OVER_FORWARD = 2.0  # a backward costs about two forwards (two matmuls per one)
+
+
+def cases(fn: str, pms, seed: int = 0) -> tuple[dict, ...]:
+    return tuple({"world_size": 1, "fn": fn, "p": p, "m": m, "seed": seed + k}
+                 for k, (p, m) in enumerate(pms))
+
+
+def grid(ps, ms):
+    return list(itertools.product(ps, ms))
+
+
+def _schedule(r: CaseResult) -> tuple[pipeline.Schedule | None, str]:
+    """The student's output as a Schedule checked by the validator, or (None, why not)."""
+    out, p, m = r.outputs[0], r.case["p"], r.case["m"]
+    where = f"(p = {p}, m = {m})"
+    if not isinstance(out, list) or not all(isinstance(row, list) for row in out):
+        return None, f"{r.case['fn']}({p}, {m}) must return a list of lists of op strings, got {str(out)[:80]} {where}"
+    try:
+        found = pipeline.problems(out, p=p, m=m, v=1)
+    except ValueError as err:
+        return None, f"{err} {where}"
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        return None, f"[{found[0].kind}] {found[0].message}{more} {where}"
+    return pipeline.as_schedule(out, m=m, v=1), ""
+
+
+def judge_valid(r: CaseResult) -> Verdict:
+    schedule, why = _schedule(r)
+    return Verdict(schedule is not None, why)
+
+
+def judge_gpipe(r: CaseResult) -> Verdict:
+    schedule, why = _schedule(r)
+    if schedule is None:
+        return Verdict(False, why)
+    for stage, ops in enumerate(schedule.stages):
+        kinds = "".join(op.kind for op in ops)
+        if "BF" in kinds:
+            return Verdict(False, f"stage {stage} runs a forward after a backward: GPipe runs "
+                                  f"every forward first (p = {schedule.p}, m = {schedule.m})")
+    return Verdict(True)
+
+
+def judge_in_flight(r: CaseResult) -> Verdict:
+    """1F1B's point: stage r holds at most min(p − r, m) micro-batches' activations."""
+    schedule, why = _schedule(r)
+    if schedule is None:
+        return Verdict(False, why)
+    p, m = schedule.p, schedule.m
+    for stage, held in enumerate(pipeline.in_flight(schedule)):
+        if held > min(p - stage, m):
+            return Verdict(False, f"stage {stage} holds {held} micro-batches' activations at once; "
+                                  f"1F1B holds at most min(p − r, m) = {min(p - stage, m)} "
+                                  f"(p = {p}, m = {m}): start backwards earlier")
+    return Verdict(True)
+
+
+def judge_bubble_simulated(r: CaseResult) -> Verdict:
+    schedule, why = _schedule(r)
+    if schedule is None:
+        return Verdict(False, why)
+    p, m = schedule.p, schedule.m
+    got = pipeline.simulate(schedule, forward=1.0, backward=BACKWARD_OVER_FORWARD).bubble
+    want = pipeline.bubble_fraction("1f1b", p=p, m=m)
+    if got > want + 1e-9:
+        return Verdict(False, f"simulated with backward = 2 × forward, stages are idle "
+                              f"{got:.1%} of the step; 1F1B's bubble is (p−1)/(m+p−1) = "
+                              f"{want:.1%} (p = {p}, m = {m}): some stage waits longer than it must")
+    return Verdict(True)
+
+
+def judge_bubble_formula(r: CaseResult) -> Verdict:
+    got, p, m = r.outputs[0], r.case["p"], r.case["m"]
+    want = pipeline.bubble_fraction("1f1b", p=p, m=m)
+    if not isinstance(got, float) or abs(got - want) > 1e-9:
+        return Verdict(False, f"bubble_fraction({p}, {m}) returned {got!r}; check it against a "
+                              f"drawing of the schedule (p stages, m micro-batches)")
+    return Verdict(True)
+
+
+def judge_real_ranks(r: CaseResult) -> Verdict:
+    """Run the student's schedule on p gloo ranks; gradients must equal the unsplit model's."""
+    schedule, why = _schedule(r)
+    if schedule is None:
+        return Verdict(False, why)
+    model = TinyMLP(d_in=8, d_hidden=16, d_out=4, depth=3, seed=r.case["seed"])
+    x, y = make_regression_data(4 * max(schedule.m, 2), 8, 4, seed=r.case["seed"])
+    try:
+        run = pipeline.run_pipeline(model.layers, x, y, schedule=schedule, timeout=60)
+    except Exception as err:  # a hang or a crash of the toolkit's executor on this schedule
+        return Verdict(False, f"running the schedule on {schedule.p} ranks failed: "
+                              f"{type(err).__name__}: {str(err).splitlines()[0]}")
+    torch.nn.functional.mse_loss(model.layers(x), y).backward()
+    for name, param in model.layers.named_parameters():
+        got = run.grads.get(name)
+        if got is None or not torch.allclose(got, param.grad, rtol=1e-4, atol=1e-6):
+            return Verdict(False, f"on {schedule.p} real ranks with m = {schedule.m}, the gradient "
+                                  f"of layer parameter {name} differs from the unsplit model's")
+    return Verdict(True)
+
+
+CHECKS = [
+    Check("gpipe: a valid schedule, every forward before any backward", 8, "schedule",
+          cases("gpipe", [(1, 1), (2, 1), (2, 4), (4, 4), (4, 8)]), judge_gpipe,
+          about="Checked by toolkit.pipeline's validator: all ops there, in order, no deadlock."),
+    Check("one_f_one_b: a valid schedule (no missing op, order mismatch or deadlock)", 8,
+          "schedule", cases("one_f_one_b", grid((2, 4), (1, 4, 8))), judge_valid),
+    Check("one_f_one_b: stage r holds at most min(p − r, m) micro-batches", 6, "schedule",
+          cases("one_f_one_b", [(4, 8), (2, 6)]), judge_in_flight),
+    Check("one_f_one_b: idle no longer than (p−1)/(m+p−1) of the step (simulated)", 6,
+          "schedule", cases("one_f_one_b", [(2, 4), (4, 8)], seed=5), judge_bubble_simulated,
+          about="Simulated with a backward twice as long as a forward and free messages."),
+    Check("bubble_fraction: (idle time) / (step time)", 4, "bubble",
+          cases("bubble", [(2, 1), (4, 4), (4, 8), (8, 32)]), judge_bubble_formula),
+    Check("one_f_one_b on real ranks: gradients equal the unsplit model's", 8, "schedule",
+          cases("one_f_one_b", [(2, 4), (4, 4)], seed=10), judge_real_ranks, timeout=30,
+          about="The toolkit's executor runs your schedule on p gloo ranks."),
+]
