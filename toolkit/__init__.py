@@ -2,7 +2,9 @@
 
 One idea per module (see docs/architecture.md): `launch` starts ranks, `comm` records what they
 send, `models` holds the tiny models everyone shares, `viz` draws, and later modules build the
-algorithms (collectives, data/pipeline/tensor parallel) on top.
+algorithms (collectives, data/pipeline/tensor parallel) on top. `context_parallel` splits the
+sequence (ring attention, Ulysses), `recompute` trades compute for activation memory, `flops`
+counts FLOPs and MFU/HFU.
 """
 
 __version__ = "0.1.0"
