@@ -207,7 +207,8 @@ def _deadlock(s: Schedule) -> list[Problem]:
         src, dep = needs(s, r, op)
         what = "activation" if op.kind == "F" else "gradient"
         lines.append(f"stage {r} is stuck at {op} (step {i}), waiting for the {what} of "
-                     f"micro-batch {op.mb} from stage {src}, sent after {dep} there")
+                     f"micro-batch {op.mb} from stage {src}, which stage {src} sends once it "
+                     f"has run {dep}")
     done = sum(len(ops) for ops in s.stages) - sum(len(s.stages[r]) - i for r, i in stuck.items())
     return [Problem("deadlock", f"deadlock after {done} of {sum(map(len, s.stages))} ops: "
                     + "; ".join(lines), min(stuck))]
