@@ -121,9 +121,9 @@ def build_job(lab: Lab) -> dict:
 def _integrity(traffic: list[dict]) -> tuple[str, str] | None:
     for rank, t in enumerate(traffic):
         if t.get("tampered"):
-            return "tampering", (f"Rank {rank} replaced torch.distributed functions "
-                                 f"({', '.join(t['tampered'][:3])}): the grader's recorder "
-                                 "must see every message.")
+            return "tampering", (f"Rank {rank} replaced {', '.join(t['tampered'][:3])}: "
+                                 "torch.distributed and the grader's recorder must stay as they "
+                                 "are, so that the recorder sees and counts every message.")
         if t.get("forbidden_loaded"):
             return "forbidden_import", f"Rank {rank} used {', '.join(t['forbidden_loaded'])}."
         if t.get("builtin_ops"):
@@ -138,7 +138,9 @@ def _integrity(traffic: list[dict]) -> tuple[str, str] | None:
     return None
 
 
-def _judge_group(check: Check, lab: Lab, record: dict) -> list[Verdict | tuple[str, str]]:
+def _judge_group(check: Check, lab: Lab, record: dict,
+                 world_size: int) -> list[Verdict | tuple[str, str]]:
+    """Verdicts for the cases of `check` at `world_size` (the ones this group's record ran)."""
     ranks = record.get("ranks")
     if not isinstance(ranks, list) or not ranks:
         return [("exception", "The ranks returned no observations.")]
@@ -148,7 +150,7 @@ def _judge_group(check: Check, lab: Lab, record: dict) -> list[Verdict | tuple[s
             if isinstance(obs, dict):
                 by_case.setdefault(str(obs.get("case")), []).append(obs)
     out = []
-    for case in (c for c in build_job_cases(lab, check)):
+    for case in (c for c in build_job_cases(lab, check) if c["world_size"] == world_size):
         obs = sorted(by_case.get(case["id"], []), key=lambda o: o.get("rank", 0))
         ws = case["world_size"]
         if len(obs) != ws:
@@ -206,10 +208,10 @@ def judge_run(lab: Lab, run: RunResult) -> list[CheckResult]:
                 group_kind = group_kind or (kind, detail)
                 verdicts += [(kind, detail)] * n_cases
             elif record.get("status") == "ok":
-                verdicts += _judge_group(check, lab, record)
+                verdicts += _judge_group(check, lab, record, ws)
             else:
-                kind = classify(record, lab.module)
                 log = run.log_tail.get(f"c{ci}-p{ws}", "").strip()
+                kind = classify(record, lab.module, log)
                 if kind[0] == "exception" and log:
                     kind = (kind[0], kind[1] + f"\nWhat the ranks printed last:\n{log[-800:]}")
                 group_kind = group_kind or (kind[0], f"[{ws} ranks] {kind[1]}")

@@ -33,6 +33,7 @@ from .sandbox.cgroup import PidsGroup
 from .sandbox.limits import MB, Limits, preexec, sandbox_uid
 
 MAX_OBSERVATIONS = 256 * MB
+LOG_TAIL_BYTES = 6000  # per rank's log: faulthandler's dump of an abort is ~2-3 kB
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -171,7 +172,8 @@ def run_sandboxed(workdir: Path, job: dict, limits: Limits, *, landlock: bool = 
     reader.start()
     result = RunResult()
     try:
-        _watch(proc, group, workdir, limits, start, result)
+        ranks = max((int(g.get("world_size", 1)) for g in job.get("groups", [])), default=1)
+        _watch(proc, group, workdir, limits, start, result, ranks)
     finally:
         _sweep(proc.pid, group, uid)
         reader.join(timeout=5)
@@ -187,7 +189,10 @@ def run_sandboxed(workdir: Path, job: dict, limits: Limits, *, landlock: bool = 
     return result
 
 
-def _watch(proc, group, workdir: Path, limits: Limits, start: float, result: RunResult) -> None:
+def _watch(proc, group, workdir: Path, limits: Limits, start: float, result: RunResult,
+           ranks: int = 1) -> None:
+    """Poll until the supervisor ends or a limit is passed (`result.limit` says which).
+    `ranks`: the most ranks a group runs; with the supervisor, the processes a run needs."""
     while proc.poll() is None:
         elapsed = time.monotonic() - start
         procs = _tree(proc.pid, group)
@@ -196,13 +201,21 @@ def _watch(proc, group, workdir: Path, limits: Limits, start: float, result: Run
             if (workdir / "logs").is_dir() else 0
         if elapsed > limits.wall_s:
             result.limit, result.limit_detail = "wall_limit", f"ran for over {limits.wall_s:g} s"
+        # Processes before memory: each forked copy counts its shared pages again in the
+        # summed RSS, so a fork bomb also looks like a memory bomb a moment later.
+        elif tasks > limits.processes or (group is not None and group.hit_limit()):
+            result.limit = "process_limit"
+            result.limit_detail = f"started over {limits.processes} processes or threads"
+        elif rss > limits.total_memory_mb * MB and len(procs) > ranks + 1:
+            # Forked copies share their parent's pages, so the summed RSS of a fork bomb
+            # passes the memory limit long before the memory is really used.
+            result.limit = "process_limit"
+            result.limit_detail = (f"started {len(procs) - 1} processes where the lab runs at "
+                                   f"most {ranks} ranks (a fork bomb?)")
         elif rss > limits.total_memory_mb * MB:
             result.limit = "memory_limit"
             result.limit_detail = (f"the ranks held {rss / MB:,.0f} MiB together; the limit is "
                                    f"{limits.total_memory_mb:,} MiB")
-        elif tasks > limits.processes or (group is not None and group.hit_limit()):
-            result.limit = "process_limit"
-            result.limit_detail = f"started over {limits.processes} processes or threads"
         elif printed > limits.output_mb * MB:
             result.limit = "output_limit"
             result.limit_detail = (f"printed {printed / MB:,.1f} MiB; the limit is "
@@ -234,11 +247,11 @@ def _collect(workdir: Path, result: RunResult) -> None:
         for log in sorted(logs.glob("*.log")):
             gid = log.name.split(".rank")[0]
             result.log_bytes[gid] = result.log_bytes.get(gid, 0) + log.stat().st_size
-            with open(log, "rb") as f:
-                f.seek(max(0, log.stat().st_size - 2000))
+            with open(log, "rb") as f:  # enough for gloo's abort message above a stack dump
+                f.seek(max(0, log.stat().st_size - LOG_TAIL_BYTES))
                 tail = f.read().decode("utf-8", "replace")
             if tail.strip():
-                result.log_tail[gid] = (result.log_tail.get(gid, "") + tail)[-4000:]
+                result.log_tail[gid] = (result.log_tail.get(gid, "") + tail)[-4 * LOG_TAIL_BYTES:]
     result.forged = sorted(str(p.relative_to(workdir)) for p in workdir.rglob("results.json"))
 
 

@@ -5,8 +5,9 @@ Everything a rank returns is plain data (dicts, lists, str, int, float, bytes): 
 dtype + shape + raw bytes, traffic as counts. The grader turns that into verdicts in its own
 process, where no student code ever runs, so patching `torch.allclose` or the recorder inside a
 rank cannot change a comparison. What *can* be changed in a rank is watched: after every call
-the harness checks that torch.distributed's functions are still the recorder's wrappers
-(`tampered`), and notes the bytes the process wrote to the kernel (``/proc/self/io`` wchar),
+the harness checks that torch.distributed's functions are still the recorder's wrappers and
+that no function or method of the recorder or of this harness was replaced (`tampered`: a
+patched ``Trace.totals`` could report a tree's message counts for a linear broadcast), and notes the bytes the process wrote to the kernel (``/proc/self/io`` wchar),
 which the grader compares with the recorded messages (traffic no wrapper saw: a built-in
 collective behind a patched recorder, files used as a side channel).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import inspect
 import os
 import sys
 import time
@@ -45,6 +47,45 @@ class _Forbidden(importlib.abc.MetaPathFinder):
 def _wrappers() -> dict[str, int]:
     return {f"{ns.__name__}.{name}": id(getattr(ns, name, None))
             for ns in (dist, c10d) for name in SPECS}
+
+
+# The modules whose code turns a case into observations: the recorder (its totals decide the
+# traffic checks) and this harness. A submission that rebinds one of their functions or
+# methods, or swaps a function's code object, could report any traffic it likes.
+_INSTRUMENTS = ("toolkit.comm", "toolkit.comm.patch", "toolkit.comm.events",
+                "toolkit.comm.inflight", "toolkit.launch.worker", __name__)
+
+
+def _identity(obj: Any) -> tuple[int, int] | None:
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        return id(obj.fget), id(getattr(obj.fget, "__code__", None))
+    if inspect.isfunction(obj) or inspect.isbuiltin(obj) or inspect.isclass(obj):
+        return id(obj), id(getattr(obj, "__code__", None))
+    return None
+
+
+def _instruments() -> dict[str, tuple[int, int]]:
+    """Name → identity of every function, class and method in `_INSTRUMENTS`."""
+    out: dict[str, tuple[int, int]] = {}
+    for modname in _INSTRUMENTS:
+        module = sys.modules.get(modname)
+        for name, obj in list(vars(module).items()) if module else []:
+            ident = _identity(obj)
+            if ident is None:
+                continue
+            out[f"{modname}.{name}"] = ident
+            if inspect.isclass(obj) and obj.__module__ == modname:
+                for attr, member in list(vars(obj).items()):
+                    ident = _identity(member)
+                    if ident is not None:
+                        out[f"{modname}.{name}.{attr}"] = ident
+    return out
+
+
+def _tampered(before: dict, after: dict) -> list[str]:
+    return sorted(k for k in before.keys() | after.keys() if after.get(k) != before.get(k))
 
 
 def _wchar() -> int:
@@ -109,7 +150,9 @@ def run_group(rank: int, world_size: int, job: dict, group: dict) -> list[dict]:
     sys.meta_path.insert(0, _Forbidden(job.get("forbidden_imports", [])))
     sys.path.insert(0, str(workdir))
     comm.install()
-    before = _wrappers()
+    # Held in locals: rebinding the module's names from the submission cannot swap the checks.
+    wrappers, snapshot, tampered_since = _wrappers, _instruments, _tampered
+    before, instruments = wrappers(), snapshot()
     lab = load_module(workdir / "_lab_harness.py", "_lab_harness")
     student = load_module(workdir / f"{job['module']}.py", job["module"])
     observations = []
@@ -120,9 +163,10 @@ def run_group(rank: int, world_size: int, job: dict, group: dict) -> list[dict]:
             out = lab.CALLS[case["call"]](student, rank, world_size, case)
             seconds = time.perf_counter() - start
         wchar, printed = _wchar() - wchar0, _printed() - printed0
+        # Compared before the recorder is asked for anything: a patched totals() lies.
+        tampered = tampered_since(before, wrappers()) + tampered_since(instruments, snapshot())
         totals = trace.totals().get(rank)
         builtin = sorted({e.op for e in trace if e.op not in comm.P2P_OPS})
-        after = _wrappers()
         observations.append({
             "case": case["id"], "rank": rank, "seconds": seconds, "output": encode(out),
             "bytes_sent": totals.bytes_sent if totals else 0,
@@ -130,7 +174,7 @@ def run_group(rank: int, world_size: int, job: dict, group: dict) -> list[dict]:
             "messages_sent": totals.messages_sent if totals else 0,
             "messages_received": totals.messages_received if totals else 0,
             "builtin_ops": builtin, "wchar": wchar, "printed": printed,
-            "tampered": sorted(k for k in before if after.get(k) != before[k]),
+            "tampered": tampered,
             "forbidden_loaded": sorted(n for n in job.get("forbidden_imports", [])
                                        if n in sys.modules),
         })
