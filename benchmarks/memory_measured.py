@@ -10,7 +10,8 @@ optimizer state every rank holds afterwards, and print them beside
   summed over groups) for ours; per-parameter dim-0 chunks for FSDP2 (`dim0_shard_numel`),
 
 plus the volume each rank sends per step as a ring moves the recorded collectives, in units of
-(N_d−1)/N_d · Ψ·4 bytes (ZeRO's "2Ψ" and "3Ψ" count this way). Adam's 0-dim `step` counters (4 bytes per optimized tensor) are listed apart.
+(N_d−1)/N_d · Ψ·4 bytes (ZeRO's "2Ψ" and "3Ψ" count this way). Adam's 0-dim `step` counters
+(4 bytes per optimized tensor) are listed apart.
 
 Usage: python benchmarks/memory_measured.py [--world-sizes 2 4] [--steps 2] [--csv out.csv]
 Deterministic: the byte counts do not depend on the machine's speed.
@@ -65,7 +66,8 @@ def main() -> None:
         print(summary(df).to_string(index=False))
     print("\nimpl. pred.: each flat group padded to N_d·⌈n/N_d⌉ elements (ZeRO-1/2: one group; "
           "FSDP: one per unit); torch FSDP2: every parameter split along dim 0, params and grads "
-          "padded to ⌈d0/N_d⌉ rows, Adam state not (so its ranks differ).\nvolume/step: ring bytes one rank sends per step for its recorded "
+          "padded to ⌈d0/N_d⌉ rows, Adam state not (so its ranks differ).\n"
+          "volume/step: ring bytes one rank sends per step for its recorded "
           "collectives ÷ ((N−1)/N · Ψ·4): 2 for DDP and ZeRO-2, 3 for ZeRO-1 as built "
           "(all-reduce + all-gather) and for FSDP (a little less: its root is gathered once).")
     if args.csv:

@@ -85,7 +85,8 @@ CASES = [(torch.optim.Adam, dict(lr=1e-2)), (torch.optim.SGD, dict(lr=0.2, momen
 # SGD is linear in the gradient: only float rounding of the cross-rank sums differs (~1e-7).
 # Adam divides by sqrt(v): for a near-zero gradient (LayerNorm biases of TinyGPT) the update is
 # about ±lr whatever its size, so rounding moves it by up to ~1e-5 after 3 steps at lr 1e-2.
-TOLERANCE = {torch.optim.SGD: dict(rtol=1e-5, atol=1e-6), torch.optim.Adam: dict(rtol=1e-4, atol=3e-5)}
+TOLERANCE = {torch.optim.SGD: dict(rtol=1e-5, atol=1e-6),
+             torch.optim.Adam: dict(rtol=1e-4, atol=3e-5)}
 
 
 @pytest.mark.parametrize("world", [2, 4])

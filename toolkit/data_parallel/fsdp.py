@@ -152,7 +152,8 @@ class FullyShardedDataParallel(nn.Module):
                              f"dtype, got {compute_dtype}")
         self.module = module
         self.compute_dtype, self.prefetch, self.group = compute_dtype, prefetch, process_group
-        self.world_size, self.rank = dist.get_world_size(process_group), dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        self.rank = dist.get_rank(process_group)
         unit_list = _default_units(module) if units is None else list(units)
         owner = _owners(module, unit_list)  # parameter id -> unit index (None: root)
         slots: dict[int, list[Slot]] = {}
@@ -165,7 +166,6 @@ class FullyShardedDataParallel(nn.Module):
                 slots.setdefault(id(p), []).append((mod, attr))
                 names.setdefault(id(p), f"{mod_name}.{attr}" if mod_name else attr)
                 params[id(p)] = p
-        self.names = {}  # state-dict name -> every name the parameter had (tied: several)
         groups_by_unit: list[list[FlatGroup]] = [[] for _ in range(len(unit_list) + 1)]
         for index in range(len(unit_list) + 1):
             unit = None if index == len(unit_list) else index
@@ -181,6 +181,7 @@ class FullyShardedDataParallel(nn.Module):
             del mod._parameters[attr]  # from now on the slot is set from a gathered view
         self.unit_groups, self.root_groups = groups_by_unit[:-1], groups_by_unit[-1]
         self.shards = nn.ParameterList(g.shard for gs in groups_by_unit for g in gs)
+        # state-dict name -> every name the parameter had in the module (tied: several)
         self.aliases = {names[i]: [f"{n}.{a}" if n else a for n, a in _slot_names(module, slots[i])]
                         for i in params}
         self._backward_queued = False

@@ -181,6 +181,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     p.grad = None
                 inner["params"][0].grad = None
 
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Groups are flattened once, at construction; adding one later is not supported."""
+        if hasattr(self, "flats"):
+            raise NotImplementedError("ShardedOptimizer: pass every param group to the "
+                                      "constructor (they are flattened there)")
+        super().add_param_group(param_group)
+
     def state_dict(self) -> dict[str, Any]:
         """The inner optimizer's state dict: this rank's shard only."""
         return self.optim.state_dict()

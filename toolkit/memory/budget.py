@@ -67,8 +67,8 @@ def budget(model: ModelShape | str, *, n_d: int = 1, stage: int = 0,
     `stage` over `n_d` data-parallel ranks, micro-batch `batch` at `seq_len` (default: the
     model's), against `gpu_bytes` (default an 80 GiB GPU).
 
-    Tensor parallelism splits the model states t ways too (each rank holds 1/t of every
-    weight matrix; layer norms and biases are ignored in that split) and the activations as
+    `tensor_parallel` = t divides Ψ by t for the model states (as if every parameter were
+    split; Megatron-LM in fact replicates layer norms, a small share) and the activations as
     Korthikanti et al. describe.
     """
     shape = model_shape(model) if isinstance(model, str) else model

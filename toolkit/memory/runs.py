@@ -14,8 +14,9 @@ then counts the bytes of parameters, gradients and optimizer state the rank hold
 
 Predictions (`predicted_rows`): the paper's exact Ψ/N_d, and what each implementation stores:
 flat groups padded to a multiple of N_d (`model_state_bytes(..., padded=True)` summed over
-groups) for ours, per-parameter dim-0 chunks for FSDP2 (`dim0_shard_numel`). Wire bytes per rank per step come from the recorded
-collectives, counted as a ring moves them (`toolkit.cost.bytes_sent_per_rank`).
+groups) for ours, per-parameter dim-0 chunks for FSDP2 (`dim0_shard_numel`). Wire bytes per
+rank per step come from the recorded collectives, counted as a ring moves them
+(`toolkit.cost.bytes_sent_per_rank`).
 """
 
 from __future__ import annotations
