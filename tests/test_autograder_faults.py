@@ -1,0 +1,274 @@
+"""The fault corpus: bad submissions of lab 01 (tests/faults/01_collectives/, one fault per file)
+that the grader must survive. For each: a valid results.json, zero on the checks the fault
+touches (the others still pass), the failure kind a student or instructor filters on, a message
+that says where, and no process left anywhere (the autouse fixture checks this process's
+children; `_survivors` checks the whole machine for anything started in the grade's folder).
+
+Grades run on a small lab (a few visible checks, 1-2 cases each) to keep each test at a few
+seconds: what is under test is the grader, not the lab's coverage. Checks that are meant to hang
+get a 3 s timeout; the others keep a generous one so that a busy machine cannot turn a correct
+check into a timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autograder.failures import KINDS
+from autograder.grade import grade
+from autograder.lab import Lab, find_lab, load_lab
+from autograder.report import to_results_json, validate_results
+from autograder.sandbox.cgroup import PidsGroup
+from autograder.sandbox.limits import Limits, sandbox_uid
+
+ROOT = Path(__file__).resolve().parent.parent
+FAULTS = ROOT / "tests" / "faults" / "01_collectives"
+HANG_S = 3.0      # timeout of a check that is meant to hang
+SAFE_S = 20.0     # timeout of a check that is meant to finish
+LIMITS = Limits(wall_s=60, processes=64)
+
+
+def _case(p: int, n: int, seed: int, **extra) -> dict:
+    return {"world_size": p, "dtype": "float32", "seed": seed, "numel": n, **extra}
+
+
+# Small checks built from the lab's visible ones (same judges, fewer cases): name → (index in
+# the visible checks, cases or None to keep them).
+SMALL = {
+    "ar": (0, (_case(2, 8, 0),)),             # ring_all_reduce values, 2 ranks
+    "ar4": (0, (_case(4, 8, 1),)),            # ring_all_reduce values, 4 ranks
+    "bcast": (2, (_case(3, 100, 30, src=1),)),
+    "tree": (3, None),                        # binomial-tree traffic, 4 ranks, 2 roots
+    "ag": (5, (_case(4, 12, 70),)),           # ring_all_gather values, 4 ranks
+}
+
+
+@pytest.fixture(scope="module")
+def lab01() -> Lab:
+    return load_lab(find_lab("01_collectives"), hidden=False)
+
+
+def small_lab(lab: Lab, names: list[str], hang: set[str] = frozenset()) -> Lab:
+    checks = []
+    for name in names:
+        index, cases = SMALL[name]
+        check = lab.checks[index]
+        checks.append(dataclasses.replace(check, cases=cases or check.cases,
+                                          timeout=HANG_S if name in hang else SAFE_S))
+    return dataclasses.replace(lab, checks=checks)
+
+
+def _survivors(folder: Path) -> list[str]:
+    """Processes anywhere on the machine whose command line names `folder` (the grade's)."""
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if str(folder) in " ".join(p.info["cmdline"] or []):
+                out.append(f"{p.info['pid']} {p.info['status']}")
+        except psutil.Error:
+            pass
+    return out
+
+
+def _line(fault: str, text: str) -> int:
+    """The line number of `text` in a fault file (for 'names the student's line')."""
+    lines = (FAULTS / f"{fault}.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def run_fault(lab: Lab, fault: str, names: list[str], tmp_path: Path, *,
+              hang: set[str] = frozenset(), limits: Limits = LIMITS):
+    small = small_lab(lab, names, hang)
+    work = tmp_path / "runs"
+    work.mkdir(exist_ok=True)
+    start = time.monotonic()
+    result = grade(small, FAULTS / f"{fault}.py", limits=limits, workbase=work)
+    seconds = time.monotonic() - start
+    data = to_results_json(result)
+    assert validate_results(data) == [], data
+    json.dumps(data)  # plain JSON all the way down
+    assert not _survivors(work), f"processes of the grade still running: {_survivors(work)}"
+    by_name = dict(zip(names, result.checks))
+    return result, by_name, seconds
+
+
+def assert_failed(check, kind: str, *says: str) -> None:
+    assert kind in KINDS
+    assert (check.score, check.passed, check.kind) == (0, 0, kind), (check.kind, check.message)
+    for text in says:
+        assert re.search(text, check.message), f"{text!r} not in {check.message!r}"
+
+
+# fault → (checks it runs, the checks that must fail with their kind, regexes the first failed
+# check's message must match, checks given the short timeout). Unnamed checks must pass.
+CASES = {
+    "import_error": (["ar"], {"ar": "import_error"}, [r"nonexistent_pkg"], set()),
+    "exception_one_rank": (["ar", "tree"], {"ar": "exception"},
+                           [r"Rank 1 raised RuntimeError: rank 1 gives up", "LINE"], set()),
+    "exit_one_rank": (["ar", "tree"], {"ar": "crash"}, [r"Rank 1 exited \(code 3\)"], set()),
+    "segfault_one_rank": (["ar", "tree"], {"ar": "crash"}, [r"Rank 1 died from SIGSEGV", "LINE"],
+                          set()),
+    "deadlock_skip": (["ar"], {"ar": "deadlock"},
+                      [r"rank 0", r"work\.wait\(\)", r"skips one or returns early"], {"ar"}),
+    "deadlock_blocking_ring": (["ar"], {"ar": "deadlock"},
+                               [r"rank 0 in send to rank 1", r"rank 1 in send to rank 0"], {"ar"}),
+    "mismatched_sizes": (["ar"], {"ar": "mismatch"},
+                         [r"20 bytes arrived for a 16-byte buffer", r"gloo aborted"], set()),
+    "infinite_loop": (["ar"], {"ar": "timeout"},
+                      [r"rank 0 at collectives\.py line LINE", r"rank 1 in i(send|recv)\.wait"], {"ar"}),
+    "sleep_forever": (["ar"], {"ar": "timeout"}, [r"rank 0 at collectives\.py line LINE"], {"ar"}),
+    "memory_bomb": (["ar", "tree"], {"ar": "memory_limit"}, [r"can't allocate memory"], set()),
+    "builtin_all_reduce": (["ar", "tree"], {"ar": "builtin_collective"}, [r"all_reduce"], set()),
+    "forbidden_import": (["ar"], {"ar": "forbidden_import"}, [r"toolkit\.collectives"], set()),
+    "read_reference": (["ar"], {"ar": "sandbox_violation"},
+                       [r"Permission denied: '.*labs/01_collectives/collectives\.py'"], set()),
+    "read_hidden_checks": (["ar", "tree"], {"ar": "sandbox_violation"},
+                           [r"Permission denied: '.*hidden/checks\.py'"], set()),
+    "patch_allclose": (["ar", "tree"], {"ar": "wrong_result"}, [r"own input"], set()),
+    "patch_isend": (["ar", "tree"], {"ar": "tampering", "tree": "tampering"},
+                    [r"torch\.distributed\.isend|distributed_c10d\.isend"], set()),
+    "patch_recorder": (["tree"], {"tree": "tampering"}, [r"toolkit\.comm\.events\.Trace\.totals"],
+                       set()),
+    # Recognised mistakes: partial scores, feedback that names the mistake.
+    "mistake_averaged": (["ar", "tree"], {"ar": "wrong_result"}, [r"averaged instead of summed"],
+                         set()),
+    "mistake_no_communication": (["ar", "tree"], {"ar": "wrong_result"},
+                                 [r"no communication happened"], set()),
+    "mistake_reduce_only": (["ar4", "tree"], {"ar4": "wrong_result"},
+                            [r"right only on rank 0", r"not an all-reduce"], set()),
+    "mistake_chunk_order": (["ag", "tree"], {"ag": "wrong_result"},
+                            [r"right chunks in the wrong order"], set()),
+    "mistake_linear_broadcast": (["bcast", "tree"], {"tree": "wrong_result"},
+                                 [r"linear broadcast, not a tree"], set()),
+}
+# The line each message must name, where a pattern says LINE.
+LINES = {"exception_one_rank": "raise RuntimeError", "segfault_one_rank": "string_at(0)",
+         "infinite_loop": "while rank == 0", "sleep_forever": "time.sleep(10_000)"}
+
+
+@pytest.mark.parametrize("fault", sorted(CASES))
+def test_fault_is_named_and_zeroed(lab01, fault, tmp_path):
+    names, failing, says, hang = CASES[fault]
+    result, by_name, seconds = run_fault(lab01, fault, names, tmp_path, hang=hang)
+    line = str(_line(fault, LINES[fault])) if fault in LINES else ""
+    first = next(n for n in names if n in failing)
+    assert_failed(by_name[first], failing[first], *[s.replace("LINE", line) for s in says])
+    for name in names:
+        if name in failing:
+            assert_failed(by_name[name], failing[name])
+        else:
+            assert by_name[name].ok and by_name[name].score == by_name[name].check.points, \
+                (name, by_name[name].kind, by_name[name].message)
+    if hang:  # a hang is reported within the check's timeout + 10 s (start-up included)
+        assert seconds < HANG_S * len(hang) + 10, seconds
+
+
+def test_syntax_error_is_found_before_anything_runs(lab01, tmp_path):
+    result, by_name, seconds = run_fault(lab01, "syntax_error", ["ar", "tree"], tmp_path)
+    line = _line("syntax_error", "(rank - 1 % p")
+    for check in result.checks:
+        assert_failed(check, "syntax_error", rf"collectives\.py line {line}", r"never closed")
+    assert result.sandbox == "" and seconds < 5  # parsed here, no sandbox started
+
+
+def test_forged_results_in_its_folder_zero_the_grade(lab01, tmp_path):
+    result, _, _ = run_fault(lab01, "forged_results_cwd", ["ar", "tree"], tmp_path)
+    assert result.score == 0
+    for check in result.checks:  # even the untouched tree check
+        assert_failed(check, "forged_results", r"results\.json")
+
+
+def test_forged_results_outside_its_folder_are_refused(lab01, tmp_path):
+    """The fault writes into the folder above its working folder: here `runs/`."""
+    result, by_name, _ = run_fault(lab01, "forged_results_abs", ["ar", "tree"], tmp_path)
+    assert not (tmp_path / "runs" / "results.json").exists()
+    assert_failed(by_name["ar"], "sandbox_violation", r"Permission denied: '.*results\.json'")
+    assert by_name["tree"].ok
+
+
+def test_output_flood_stops_at_the_limit(lab01, tmp_path):
+    result, by_name, seconds = run_fault(lab01, "output_flood", ["ar"], tmp_path)
+    assert_failed(by_name["ar"], "output_limit", r"the limit is 4 MiB")
+    assert seconds < 20  # stopped at 4 MiB, long before 100 MB
+
+
+def test_memory_creep_is_stopped_by_the_watchdog(lab01, tmp_path):
+    """Each rank stays under its own address-space limit; the tree's summed memory does not."""
+    limits = dataclasses.replace(LIMITS, total_memory_mb=1200)
+    result, by_name, _ = run_fault(lab01, "memory_creep", ["ar"], tmp_path, limits=limits)
+    assert_failed(by_name["ar"], "memory_limit", r"the limit is 1,200 MiB")
+
+
+def _pids_capped() -> bool:
+    """A fork bomb is bounded: a pids cgroup, or RLIMIT_NPROC that applies (not plain root)."""
+    group = PidsGroup.create(f"autograder-probe-{os.getpid()}", 8)
+    if group is not None:
+        group.kill_all()
+        return True
+    return os.geteuid() != 0 or sandbox_uid() is not None
+
+
+@pytest.mark.skipif(not _pids_capped(), reason="no pids cgroup and root: nothing bounds a fork bomb")
+def test_fork_bomb_is_stopped_and_nothing_survives(lab01, tmp_path):
+    result, by_name, seconds = run_fault(lab01, "fork_bomb", ["ar"], tmp_path)
+    assert_failed(by_name["ar"], "process_limit", r"processes")
+    time.sleep(0.5)
+    assert not _survivors(tmp_path)
+
+
+def test_every_fault_file_has_a_test():
+    tested = set(CASES) | {"syntax_error", "forged_results_cwd", "forged_results_abs",
+                           "output_flood", "memory_creep", "fork_bomb"}
+    assert {p.stem for p in FAULTS.glob("*.py")} == tested
+
+
+_CHILD = """
+import dataclasses, json, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from autograder.grade import grade
+from autograder.lab import find_lab, load_lab
+from autograder.sandbox.limits import Limits
+lab = load_lab(find_lab("01_collectives"), hidden=False)
+case = {{"world_size": 2, "dtype": "float32", "seed": 0, "numel": 8}}
+lab = dataclasses.replace(lab, checks=[
+    dataclasses.replace(lab.checks[0], cases=(case,), timeout=60.0),
+    dataclasses.replace(lab.checks[3], timeout=60.0)])
+r = grade(lab, Path(sys.argv[1]), limits=Limits(wall_s=150, processes=64))
+print(json.dumps([c.score for c in r.checks]))
+"""
+
+
+@pytest.mark.slow
+def test_four_grades_at_once_do_not_interfere(tmp_path):
+    """Four grader processes at the same time (each its own sandbox, cgroup and folder), each
+    with its own submission: every one gets its own score."""
+    expected = {ROOT / "labs/01_collectives/collectives.py": [10, 3],
+                FAULTS / "mistake_averaged.py": [0, 3],
+                FAULTS / "mistake_linear_broadcast.py": [10, 0],
+                FAULTS / "exception_one_rank.py": [0, 3]}
+    script = tmp_path / "one_grade.py"
+    script.write_text(_CHILD.format(root=str(ROOT)))
+    procs = {path: subprocess.Popen([sys.executable, str(script), str(path)], cwd=tmp_path,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for path in expected}
+    try:
+        out = {path: p.communicate(timeout=240) for path, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for path, (stdout, stderr) in out.items():
+        assert procs[path].returncode == 0, stderr[-2000:]
+        assert json.loads(stdout.strip().splitlines()[-1]) == expected[path], (path.name, stderr[-500:])
