@@ -97,10 +97,12 @@ class MemoryExplorer:
         self.gpu_gib = W.Dropdown(options=GPU_GIB, value=gpu_gib, description="GPU (GiB)")
         self.recompute = W.Checkbox(value=False, description="full recomputation")
         self.verdict, self.output = W.HTML(), W.Output()
-        self.widget = W.VBox([W.HBox([self.model, self.num_params]),
-                              W.HBox([self.n_d, self.recipe]), self.stage,
+        # N_d first: it changes the figure for every model (Ψ only counts for CUSTOM).
+        self.widget = W.VBox([W.HBox([self.n_d, self.stage]),
+                              W.HBox([self.model, self.recipe]),
                               W.HBox([self.seq_len, self.batch]),
-                              W.HBox([self.gpu_gib, self.recompute]), self.verdict, self.output])
+                              W.HBox([self.num_params, self.gpu_gib, self.recompute]),
+                              self.verdict, self.output])
         self.figure: go.Figure | None = None
         for control in (self.model, self.num_params, self.n_d, self.stage, self.recipe,
                         self.seq_len, self.batch, self.gpu_gib, self.recompute):
