@@ -24,6 +24,12 @@ from autograder.sandbox import landlock
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB_DIR = ROOT / "labs" / "01_collectives"
+LABS = sorted(p.parent.name for p in (ROOT / "labs").glob("*/checks.py"))
+"""Every lab: its reference must pass, its release must leak nothing and its stubs must fail."""
+
+
+def _student_file(lab_dir: Path) -> Path:
+    return lab_dir / load_lab(lab_dir, hidden=False).info.student_files[0]
 
 
 @pytest.fixture(scope="module")
@@ -32,39 +38,57 @@ def lab():
 
 
 @pytest.fixture(scope="module")
-def released(tmp_path_factory):
-    out = tmp_path_factory.mktemp("release") / "01_collectives"
-    release_lab(LAB_DIR, out)
-    return out
+def releases(tmp_path_factory):
+    out = tmp_path_factory.mktemp("release")
+    return {name: out / name for name in LABS if release_lab(ROOT / "labs" / name, out / name)}
+
+
+@pytest.fixture(scope="module")
+def released(releases):
+    return releases["01_collectives"]
+
+
+def test_every_lab_is_found():
+    assert {"01_collectives", "04_pipeline_schedule"} <= set(LABS)
 
 
 @pytest.mark.multirank
-def test_reference_scores_full_marks_with_a_valid_results_json(lab, tmp_path):
-    result = grade(lab, LAB_DIR / "collectives.py")
-    assert [c.check.name for c in result.checks if not c.ok] == []
+@pytest.mark.parametrize("name", LABS)
+def test_reference_scores_full_marks_with_a_valid_results_json(name, tmp_path):
+    lab_dir = ROOT / "labs" / name
+    result = grade(load_lab(lab_dir), _student_file(lab_dir))
+    assert [(c.check.name, c.message) for c in result.checks if not c.ok] == []
     assert result.score == result.max_score == 100
     data = write_results(result, tmp_path / "results.json")
     assert validate_results(json.loads((tmp_path / "results.json").read_text())) == []
     assert {t["visibility"] for t in data["tests"]} == {"visible", "after_published"}
+    visible = sum(t["max_score"] for t in data["tests"] if t["visibility"] == "visible")
+    assert visible == 40, "visible checks carry 40 of 100 points, hidden ones the rest"
     assert "landlock" in result.sandbox or landlock.abi_version() == 0
 
 
-def test_release_holds_no_solution_and_no_hidden_checks(released):
+@pytest.mark.parametrize("name", LABS)
+def test_release_holds_no_solution_and_no_hidden_checks(name, releases):
+    released, lab_dir = releases[name], ROOT / "labs" / name
     text = "".join(p.read_text() for p in released.rglob("*") if p.is_file())
     assert not (released / "hidden").exists()
     assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
-    leaked = [line for line in solution_lines(LAB_DIR) if line in text]
-    assert solution_lines(LAB_DIR), "the reference has solution regions"
+    assert "For instructors" not in text
+    leaked = [line for line in solution_lines(lab_dir) if line in text]
+    assert solution_lines(lab_dir), "the reference has solution regions"
     assert leaked == []
-    assert text.count('raise NotImplementedError("your code here")') == 4
+    n_regions = _student_file(lab_dir).read_text().count("### BEGIN SOLUTION")
+    assert text.count('raise NotImplementedError("your code here")') == n_regions
     assert "# Hint:" in text
 
 
 @pytest.mark.multirank
-def test_release_stubs_fail_every_visible_check(released):
+@pytest.mark.parametrize("name", LABS)
+def test_release_stubs_fail_every_visible_check(name, releases):
+    released = releases[name]
     stub_lab = load_lab(released)  # the student edition: visible checks only
     assert not stub_lab.hidden_loaded and all(c.visible for c in stub_lab.checks)
-    result = grade(stub_lab, released / "collectives.py")
+    result = grade(stub_lab, _student_file(released))
     assert result.score == 0
     assert {c.kind for c in result.checks} == {"not_implemented"}
 
@@ -185,11 +209,15 @@ def test_batch_grades_a_folder_with_a_summary(tmp_path, released):
 
 
 @pytest.mark.multirank
-def test_playground_runs_the_reference(tmp_path):
+@pytest.mark.parametrize("name", LABS)
+def test_playground_runs_the_reference(name):
     nbclient = pytest.importorskip("nbclient")
     import nbformat
 
-    nb = nbformat.read(LAB_DIR / "playground.ipynb", as_version=4)
-    nbclient.NotebookClient(nb, timeout=120, resources={"metadata": {"path": str(LAB_DIR)}}).execute()
+    lab_dir = ROOT / "labs" / name
+    nb = nbformat.read(lab_dir / "playground.ipynb", as_version=4)
+    nbclient.NotebookClient(nb, timeout=120, resources={"metadata": {"path": str(lab_dir)}}).execute()
     text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
-    assert "WRONG" not in text and text.count("correct;") == 4
+    for sign in ("WRONG", "not written yet", "cannot draw", "Error"):
+        assert sign not in text, f"{name}'s playground printed {sign!r} on the reference"
+    assert any(o.get("output_type") == "display_data" for c in nb.cells for o in c.get("outputs", []))
