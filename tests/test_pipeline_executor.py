@@ -115,10 +115,12 @@ def test_messages_are_one_activation_forward_and_one_gradient_back_per_micro_bat
 
 def test_more_micro_batches_shrink_the_measured_bubble():
     # Sleep-based stage work (Delay): ranks do not compete for the 2 cores.
-    layers = delay_blocks(2, width=8, forward=2e-3, backward=4e-3)
+    layers = delay_blocks(2, width=8, forward=5e-3, backward=10e-3)
     x, y = torch.randn(16, 8), torch.randn(16, 8)
     naive = run_pipeline(layers, x, y, schedule="naive", p=2, timeout=TIMEOUT)
     piped = run_pipeline(layers, x, y, schedule="1f1b", p=2, m=8, timeout=TIMEOUT)
+    print(f"naive {naive.bubble:.3f} ({naive.makespan:.3f} s), 1f1b m=8 {piped.bubble:.3f} "
+          f"({piped.makespan:.3f} s)")
     assert naive.bubble > piped.bubble
     # Generous: the formula says 0.5 and 1/9; a busy machine adds idle time, never removes it.
     assert naive.bubble > 0.5 * bubble_fraction("naive", p=2)
@@ -146,6 +148,33 @@ def test_bad_input_names_the_argument():
     from toolkit.pipeline import as_schedule
     with pytest.raises(ScheduleError, match="mismatch|receives"):   # before any rank starts
         run_pipeline(layers, x, y, schedule=as_schedule(swapped), timeout=5)
+
+
+def test_delay_sleeps_per_sample_and_passes_values_and_gradients_through():
+    import time
+
+    from toolkit.pipeline import Delay, no_delay
+    layer = Delay(forward=0.05, backward=0.1)
+    x = torch.randn(2, 3, requires_grad=True)
+    t0 = time.perf_counter()
+    out = layer(x)
+    t1 = time.perf_counter()
+    out.backward(torch.full_like(out, 3.0))
+    t2 = time.perf_counter()
+    assert torch.equal(out, x) and torch.equal(x.grad, torch.full_like(x, 3.0))
+    assert t1 - t0 >= 2 * 0.05 and t2 - t1 >= 2 * 0.1          # sleep never ends early
+    with no_delay():
+        t0 = time.perf_counter()
+        Delay(forward=1.0)(x)                                # would sleep 2 s
+        assert time.perf_counter() - t0 < 1.0
+    with pytest.raises(ValueError, match="seconds >= 0"):
+        Delay(forward=-1)
+
+
+def test_a_whole_model_is_refused_with_a_hint():
+    model = TinyMLP(depth=1)
+    with pytest.raises(ValueError, match=r"e\.g\. model\.layers"):
+        run_pipeline(model, torch.randn(4, 8), torch.randn(4, 4), schedule="gpipe", p=2)
 
 
 def test_assign_layers_uneven_and_interleaved():

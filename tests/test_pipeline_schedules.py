@@ -11,7 +11,7 @@ import pytest
 from toolkit.pipeline import (
     Op, ScheduleError, as_schedule, bubble_fraction, bubble_time_ratio, check_schedule, gpipe,
     in_flight, interleaved, make_schedule, naive, one_f_one_b, peak_activations,
-    pipeline_time, problems, simulate,
+    pipeline_time, problems, problems_by_case, simulate,
 )
 from toolkit.viz.pipeline import gantt, gantt_compare
 from toolkit.widgets.pipeline import pipeline_explorer, pipeline_view
@@ -123,6 +123,34 @@ def test_a_student_writing_1f1b_for_stage_0():
     assert kinds(problems([forgot] + others, p=4, m=6)) == ["missing"]
 
 
+def test_interleaved_mismatch_names_micro_batch_and_sending_chunk():
+    rows = [[str(op) for op in ops] for ops in interleaved(2, 4, 2).stages]
+    rows[1][0], rows[1][1] = rows[1][1], rows[1][0]          # stage 1: F1 before F0
+    found = [p for p in problems(rows) if p.kind == "mismatch"]
+    assert found and "receives them as [1, 0, 0.1, 1.1" in found[0].message
+    assert "mb.c: micro-batch mb from the sender's chunk c" in found[0].message
+
+
+def test_problems_by_case_grades_a_schedule_function():
+    def gpipe_student(p, m):           # a correct GPipe, graded as if it claimed to be 1F1B
+        return [[f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)] for _ in range(p)]
+
+    def buggy(p, m):
+        if m > 2:
+            raise IndexError("list index out of range")
+        return [["B0", "F0"] + [f"F{i}" for i in range(1, m)] + [f"B{i}" for i in range(1, m)]
+                for _ in range(p)]
+
+    graded = problems_by_case(gpipe_student, [(2, 1), (4, 8)], max_in_flight=lambda p, m: p)
+    assert graded[2, 1] == [] and set(kinds(graded[4, 8])) == {"in_flight"}
+    assert graded[4, 8][0].message.startswith("gpipe_student(4, 8): stage 0 holds 8")
+    graded = problems_by_case(buggy, [(2, 2), (2, 4)])
+    assert set(kinds(graded[2, 2])) == {"order"}
+    assert [str(p) for p in graded[2, 4]] == [
+        "buggy(2, 4): raised IndexError: list index out of range"]
+    assert problems_by_case(lambda p, m, v: interleaved(p, m, v), [(2, 4, 2)]) == {(2, 4, 2): []}
+
+
 # --- bubble math --------------------------------------------------------------------------------
 
 def test_bubble_formulas_published_values():
@@ -203,7 +231,8 @@ def test_gantt_compare_puts_measured_above_ideal_on_one_axis():
     b = simulate(gpipe(2, 4), forward=0.01, backward=0.02).table
     fig = gantt_compare(a, b)
     titles = [ann.text for ann in fig.layout.annotations]
-    assert titles[0].startswith("measured — bubble") and titles[1] == "ideal (simulated) — bubble 20.0%"
+    assert titles[0].startswith("measured — bubble")
+    assert titles[1] == "ideal (simulated) — bubble 20.0%"
     assert fig.layout.xaxis2.title.text == "ms"
 
 

@@ -17,7 +17,8 @@ module          holds
 `schedules`     `Op`, `Schedule`, `naive`, `gpipe`, `one_f_one_b`, `interleaved`, `make_schedule`,
                 `as_schedule` (lists of "F3"/"B3.1" strings into a Schedule)
 `validate`      `problems` (kinds: shape, missing, duplicate, order, mismatch, deadlock,
-                in_flight), `check_schedule`, `ScheduleError`, `in_flight`, `needs`, `run_order`
+                in_flight), `check_schedule`, `ScheduleError`, `problems_by_case` (grade a
+                schedule function), `in_flight`, `needs`, `run_order`
 `bubble`        formulas: `bubble_fraction`, `bubble_time_ratio`, `pipeline_time`,
                 `peak_activations`
 `simulate`      `simulate` (ideal timeline from op times), `idle_fraction`, `stage_times`
@@ -34,7 +35,8 @@ from .schedules import (
 )
 from .simulate import COLUMNS, Timeline, idle_fraction, simulate, stage_times
 from .validate import (
-    KINDS, Problem, ScheduleError, check_schedule, in_flight, needs, problems, run_order,
+    KINDS, Problem, ScheduleError, check_schedule, in_flight, needs, problems, problems_by_case,
+    run_order,
 )
 from .work import Delay, delay_blocks, no_delay
 
@@ -43,6 +45,6 @@ __all__ = [
     "ScheduleError", "Timeline", "as_op", "as_schedule", "assign_layers", "bubble_fraction",
     "bubble_time_ratio", "check_schedule", "delay_blocks", "gpipe", "idle_fraction", "in_flight",
     "interleaved", "make_schedule", "naive", "needs", "no_delay", "one_f_one_b",
-    "peak_activations", "pipeline_time", "problems", "run_order", "run_pipeline", "run_stage",
-    "simulate", "stage_times",
+    "peak_activations", "pipeline_time", "problems", "problems_by_case", "run_order",
+    "run_pipeline", "run_stage", "simulate", "stage_times",
 ]

@@ -266,6 +266,9 @@ def run_pipeline(layers: Sequence[nn.Module] | nn.Sequential, x: Tensor, y: Tens
     with `check_schedule` first, so a bad one raises `ScheduleError` instead of hanging).
     `loss_fn(out, y)` must average over samples (default: mean squared error).
     """
+    if isinstance(layers, nn.Module) and not isinstance(layers, (nn.Sequential, nn.ModuleList)):
+        raise ValueError(f"run_pipeline: layers must be a list of modules to cut into stages "
+                         f"(e.g. model.layers), got a {type(layers).__name__}")
     layers = list(layers)
     if isinstance(schedule, Schedule):
         for arg, given, have in (("p", p, schedule.p), ("m", m, schedule.m), ("v", v, schedule.v)):

@@ -18,7 +18,13 @@ deadlock      every stage that is not done waits for a message nobody will send 
               simulating the sends and receives)
 in_flight     more micro-batches forwarded but not yet backwarded on a stage than allowed
               (1F1B: at most p on stage 0)
+error         (`problems_by_case` only) the schedule function raised, or returned something
+              that is not a list of op lists
 ============  ===============================================================================
+
+`problems_by_case(fn, cases)` runs a student's schedule function ``fn(p, m)`` (or
+``fn(p, m, v)``) on several sizes and collects the problems of each, so a lab's grader can name
+the mistake ("backward before forward at p = 2, m = 4") instead of timing out on real ranks.
 
 Dependencies (virtual stage k = chunk·p + rank, K = p·v virtual stages): F(mb) on k needs the
 activation of F(mb) on k−1; B(mb) on k needs the gradient of B(mb) on k+1, and B(mb) on the
@@ -31,11 +37,11 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from .schedules import Op, Schedule, as_schedule
 
-KINDS = ("shape", "missing", "duplicate", "order", "mismatch", "deadlock", "in_flight")
+KINDS = ("shape", "missing", "duplicate", "order", "mismatch", "deadlock", "in_flight", "error")
 """Every `Problem.kind`, roughly in the order they are checked."""
 
 
@@ -141,18 +147,19 @@ def _order(s: Schedule) -> list[Problem]:
 def _mismatch(s: Schedule) -> list[Problem]:
     """Compare, for every link (src → dst, activations or gradients), the order in which src
     sends with the order in which dst receives."""
-    sent: dict[tuple, list[int]] = defaultdict(list)
-    received: dict[tuple, list[int]] = defaultdict(list)
+    # A message is named by its micro-batch and the chunk that sends it.
+    sent: dict[tuple, list[Op]] = defaultdict(list)
+    received: dict[tuple, list[Op]] = defaultdict(list)
     for r, ops in enumerate(s.stages):
         for op in ops:
             dep = needs(s, r, op)
             if dep is not None and dep[0] != r:
-                received[dep[0], r, op.kind].append(op.mb)
+                received[dep[0], r, op.kind].append(dep[1])
         for op in ops:                       # what r sends: the ops whose consumer is elsewhere
             k, last = s.virtual_stage(r, op.chunk), s.p * s.v - 1
             nxt = k + 1 if op.kind == "F" else k - 1
             if 0 <= nxt <= last and s.place(nxt)[0] != r and not (op.kind == "F" and k == last):
-                sent[r, s.place(nxt)[0], op.kind].append(op.mb)
+                sent[r, s.place(nxt)[0], op.kind].append(op)
     out = []
     for key in sorted(set(sent) | set(received)):
         src, dst, kind = key
@@ -163,14 +170,16 @@ def _mismatch(s: Schedule) -> list[Problem]:
             out.append(Problem(
                 "mismatch",
                 f"stage {src} sends {what} to stage {dst} for micro-batches {_seq(a)} but stage "
-                f"{dst} receives them as {_seq(b)} (first difference at message {i}): matched "
-                f"in order, as NCCL does, stage {dst} would compute one micro-batch on "
-                f"another's tensor", dst))
+                f"{dst} receives them as {_seq(b)} (first difference at message {i})"
+                + (" (mb.c: micro-batch mb from the sender's chunk c)" if s.v > 1 else "")
+                + f": matched in order, as NCCL does, stage {dst} would compute one "
+                f"micro-batch on another's tensor", dst))
     return out
 
 
-def _seq(mbs: Sequence[int]) -> str:
-    return "[" + ", ".join(map(str, mbs)) + "]"
+def _seq(ops: Sequence[Op]) -> str:
+    """Micro-batch ids, with ".chunk" (of the sending chunk) when it is not 0."""
+    return "[" + ", ".join(str(op)[1:] for op in ops) + "]"
 
 
 def run_order(schedule: Schedule) -> tuple[list[tuple[int, int]], dict[int, int]]:
@@ -249,5 +258,30 @@ def check_schedule(schedule: Schedule | Iterable[Iterable[Op | str | Sequence]],
     return as_schedule(schedule, m=m, v=v)
 
 
+def problems_by_case(schedule_fn: Callable[..., object], cases: Iterable[Sequence[int]], *,
+                     max_in_flight: Callable[[int, int], int] | None = None
+                     ) -> dict[tuple[int, ...], list[Problem]]:
+    """For each case (p, m) or (p, m, v): the problems of ``schedule_fn(*case)``'s schedule,
+    checked against that p, m, v; a function that raises gets one ``"error"`` problem.
+
+    `max_in_flight(p, m)` gives the in-flight limit per case (for 1F1B: ``lambda p, m: p``).
+    Cases with no problem map to [].
+    """
+    out: dict[tuple[int, ...], list[Problem]] = {}
+    for case in cases:
+        case = tuple(case)
+        p, m = case[0], case[1]
+        v = case[2] if len(case) > 2 else 1
+        call = f"{getattr(schedule_fn, '__name__', 'schedule')}{case}"
+        try:
+            stages = schedule_fn(*case)
+            found = problems(stages, p=p, m=m, v=v,
+                             max_in_flight=max_in_flight(p, m) if max_in_flight else None)
+        except Exception as err:  # a student's bug, reported, never raised at the grader
+            found = [Problem("error", f"raised {type(err).__name__}: {err}")]
+        out[case] = [Problem(x.kind, f"{call}: {x.message}", x.stage) for x in found]
+    return out
+
+
 __all__ = ["KINDS", "Problem", "ScheduleError", "check_schedule", "in_flight", "needs",
-           "problems", "run_order"]
+           "problems", "problems_by_case", "run_order"]
