@@ -7,9 +7,9 @@ chunks from the layers it owns (`assign_layers`), splits the batch into m micro-
 
 * F(mb) on virtual stage k: receive the activation from k−1 (``irecv``, posted one op ahead
   and waited on before the op: the only place a rank blocks), run the chunk, ``isend`` the
-  output to k+1. The last
-  virtual stage computes the loss: ``loss_fn(out, y_mb)`` scaled by rows(mb)/B, so the
-  micro-batch losses add up to the full batch's mean loss and the gradients to its gradient.
+  output to k+1. The last virtual stage computes the loss: ``loss_fn(out, y_mb)`` scaled by
+  rows(mb)/B, so the micro-batch losses add up to the full batch's mean loss and the
+  gradients to its gradient.
 * B(mb) on k: receive dL/d(output) from k+1 (or start from the loss), backpropagate through the
   chunk, ``isend`` dL/d(input) to k−1. Each message has its own tag (micro-batch, virtual stage,
   direction), so it can only land in the buffer meant for it.
@@ -33,6 +33,7 @@ supported: each rank would hold only its share of the gradient.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -120,16 +121,18 @@ def _tag(mb: int, virtual: int, n_virtual: int, backward: bool) -> int:
 
 def _shapes(layers: Sequence[nn.Module], bounds: list[range], micro: list[Tensor]
             ) -> dict[tuple[int, int], tuple[torch.Size, torch.dtype]]:
-    """(virtual stage, mb) -> shape and dtype of that stage's output: one sample through the
-    whole model (no grad, `Delay`s off), its batch dimension then set to each micro-batch's.
-    (The "meta" device would do it without compute, but its first use costs ~1 s per process.)
+    """(virtual stage, mb) -> shape and dtype of that stage's output: one sample through a copy
+    of the model in eval mode (no grad, `Delay`s off, the RNG state restored, so nothing the
+    real step sees changes), its batch dimension then set to each micro-batch's. (The "meta"
+    device would need no compute, but its first use costs ~1 s per process.)
     """
     out = {}
     h = micro[0][:1]
-    with torch.no_grad(), no_delay():
+    probe = [copy.deepcopy(layer).eval() for layer in layers]
+    with torch.no_grad(), no_delay(), torch.random.fork_rng():
         for k, rng in enumerate(bounds):
             for i in rng:
-                h = layers[i](h)
+                h = probe[i](h)
             for mb, xb in enumerate(micro):
                 out[k, mb] = (torch.Size((len(xb),) + tuple(h.shape[1:])), h.dtype)
     return out
