@@ -25,9 +25,13 @@ from .lab import CaseResult, Check, Lab, Verdict, decode
 from .runner import RunResult, prepare_workdir, remove_workdir, run_sandboxed
 from .sandbox.limits import Limits
 
-UNRECORDED_SLACK_BYTES = 64 * 1024
-"""Bytes a rank may write beyond its recorded messages in one case: gloo's per-message headers
-(tens of bytes each) and the harness's own bookkeeping stay far below this."""
+UNRECORDED_SLACK_BYTES = 512
+UNRECORDED_PER_MESSAGE = 128
+"""Bytes a rank may write beyond its recorded messages and prints in one case: a constant plus
+this much per recorded message (and 1 % of the bytes sent). Measured over every case of lab 01's
+reference (torch 2.13, gloo over TCP): exactly 96 bytes per send and 48 per receive, nothing
+else. A built-in all_reduce of 8 floats called through the wrapper's ``__wrapped__`` (no
+recorded message) writes 600+ bytes, so even the smallest hidden collective shows."""
 
 
 @dataclass
@@ -131,7 +135,9 @@ def _integrity(traffic: list[dict]) -> tuple[str, str] | None:
                 f"Rank {rank} called torch's built-in {', '.join(t['builtin_ops'])}: this lab "
                 "asks you to build it from send/recv (or isend/irecv) only.")
         unrecorded = t.get("wchar", 0) - t.get("printed", 0) - t.get("bytes_sent", 0)
-        if unrecorded > UNRECORDED_SLACK_BYTES + t.get("bytes_sent", 0) // 10:
+        messages = t.get("messages_sent", 0) + t.get("messages_received", 0)
+        if unrecorded > (UNRECORDED_SLACK_BYTES + UNRECORDED_PER_MESSAGE * messages
+                         + t.get("bytes_sent", 0) // 100):
             return "tampering", (
                 f"Rank {rank} wrote {unrecorded:,} bytes that no recorded message accounts "
                 "for (communication hidden from the recorder, or files used to share data).")

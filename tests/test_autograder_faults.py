@@ -139,6 +139,8 @@ CASES = {
                     [r"torch\.distributed\.isend|distributed_c10d\.isend"], set()),
     "patch_recorder": (["tree"], {"tree": "tampering"}, [r"toolkit\.comm\.events\.Trace\.totals"],
                        set()),
+    "hidden_builtin": (["ar", "tree"], {"ar": "tampering"},
+                       [r"bytes that no recorded message accounts for"], set()),
     # Recognised mistakes: partial scores, feedback that names the mistake.
     "mistake_averaged": (["ar", "tree"], {"ar": "wrong_result"}, [r"averaged instead of summed"],
                          set()),
