@@ -5,3 +5,8 @@ gradient accumulation and DDP (naive, bucketed, overlapped) in `accumulation` an
 ZeRO-1/2 sharded optimizer in `zero`; FSDP (ZeRO-3) in `fsdp`. Each is checked against a
 single-process run on the tiny models of `toolkit.models`.
 """
+
+from .fsdp import FlatGroup, FullyShardedDataParallel
+from .zero import FlatShard, ShardedOptimizer
+
+__all__ = ["FlatGroup", "FlatShard", "FullyShardedDataParallel", "ShardedOptimizer"]
