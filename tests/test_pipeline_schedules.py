@@ -85,6 +85,7 @@ def test_missing_duplicate_and_out_of_range_ops():
     assert "stage 0: F0 appears 2 times" in text
     assert "stage 1: op F5 is not an F or B of micro-batch 0 … 1" in text
     assert kinds(problems(gpipe(2, 2), p=3)) == ["shape"]
+    assert kinds(problems([])) == ["shape"] and kinds(problems([[]])) == ["shape"]
 
 
 def test_sends_and_receives_in_different_orders_are_a_mismatch():

@@ -69,8 +69,10 @@ def as_op(item: Op | str | Sequence) -> Op:
         kind, mb, chunk = match.groups()
         return Op(kind.upper(), int(mb), int(chunk or 0))
     if isinstance(item, (tuple, list)) and len(item) in (2, 3):
-        kind = str(item[0]).upper()
-        return Op(kind, int(item[1]), int(item[2]) if len(item) == 3 else 0)
+        try:
+            return Op(str(item[0]).upper(), int(item[1]), int(item[2]) if len(item) == 3 else 0)
+        except (TypeError, ValueError):
+            pass
     raise ValueError(f"cannot read op {item!r}: expected an Op, a string like 'F3' or a tuple "
                      f"('F', micro-batch[, chunk])")
 

@@ -102,6 +102,9 @@ def in_flight(schedule: Schedule) -> list[int]:
 
 def _structure(s: Schedule, p: int | None) -> list[Problem]:
     out: list[Problem] = []
+    if s.p == 0 or s.m < 1:
+        return [Problem("shape", f"the schedule has {s.p} stages and {s.m} micro-batches; it "
+                                 f"needs at least one of each")]
     if p is not None and s.p != p:
         out.append(Problem("shape", f"the schedule has {s.p} stages, expected p = {p} "
                                     f"(one list of ops per stage)"))
