@@ -128,9 +128,12 @@ def classify(record: dict, module: str, log: str = "") -> tuple[str, str]:
         return "memory_limit", f"Rank {rank} ran out of memory{at} ({text})."
     if exc == "BlockingIOError" or "Resource temporarily unavailable" in message:
         return "process_limit", f"Rank {rank} could not start another process{at} ({text})."
+    if exc == "PermissionError" and re.search(r"results\.json'?$", message):
+        return "forged_results", (f"Rank {rank}{at} tried to write a results.json ({text}): "
+                                  "the grader writes results.json itself.")
     if exc == "PermissionError":
-        return "sandbox_violation", (f"Rank {rank}{at}: {text}. Submissions may only read and "
-                                     "write files in their own folder.")
+        return "sandbox_violation", (f"Rank {rank}{at}: {text}. Submissions may read only their "
+                                     "own folder and write only in its tmp/ folder ($TMPDIR).")
     if exc == "AttributeError" and "_lab_harness" in tb and not where:
         return "missing_name", f"{text}: define it with exactly this name."
     if re.search(r"size mismatch|[Mm]ismatch|expected .* bytes|message of size", message):

@@ -32,6 +32,9 @@ this much per recorded message (and 1 % of the bytes sent). Measured over every 
 reference (torch 2.13, gloo over TCP): exactly 96 bytes per send and 48 per receive, nothing
 else. A built-in all_reduce of 8 floats called through the wrapper's ``__wrapped__`` (no
 recorded message) writes 600+ bytes, so even the smallest hidden collective shows."""
+UNRECORDED_PER_COLLECTIVE = 1024
+"""Per allowed collective call and rank of the group: gloo's headers and algorithm rounds, on
+top of twice p times its recorded payload (labs that allow collectives)."""
 
 
 @dataclass
@@ -119,10 +122,15 @@ def build_job(lab: Lab) -> dict:
             groups.append({"id": f"c{ci}-p{ws}", "check": f"c{ci}", "world_size": ws,
                            "timeout": check.timeout, "cases": cases})
     return {"lab": lab.info.slug, "module": lab.module,
-            "forbidden_imports": list(lab.info.forbidden_imports), "groups": groups}
+            "forbidden_imports": list(lab.info.forbidden_imports),
+            "sandbox_modules": list(lab.info.sandbox_modules), "groups": groups}
 
 
-def _integrity(traffic: list[dict]) -> tuple[str, str] | None:
+def _integrity(traffic: list[dict], allowed: tuple[str, ...] = ()) -> tuple[str, str] | None:
+    """A reason to fail the case whatever its values, or None. `allowed`: built-in collectives
+    the lab permits; their wire traffic is not recorded byte for byte (gloo's algorithms move
+    up to about p times the bytes passed in), so it widens the unrecorded-bytes allowance."""
+    p = len(traffic)
     for rank, t in enumerate(traffic):
         if t.get("tampered"):
             return "tampering", (f"Rank {rank} replaced {', '.join(t['tampered'][:3])}: "
@@ -130,13 +138,18 @@ def _integrity(traffic: list[dict]) -> tuple[str, str] | None:
                                  "are, so that the recorder sees and counts every message.")
         if t.get("forbidden_loaded"):
             return "forbidden_import", f"Rank {rank} used {', '.join(t['forbidden_loaded'])}."
-        if t.get("builtin_ops"):
-            return "builtin_collective", (
-                f"Rank {rank} called torch's built-in {', '.join(t['builtin_ops'])}: this lab "
-                "asks you to build it from send/recv (or isend/irecv) only.")
-        unrecorded = t.get("wchar", 0) - t.get("printed", 0) - t.get("bytes_sent", 0)
+        banned = [op for op in t.get("builtin_ops") or [] if op not in allowed]
+        if banned:
+            may = (f" (this lab allows {', '.join(allowed)})" if allowed else
+                   ": this lab asks you to build it from send/recv (or isend/irecv) only")
+            return "builtin_collective", (f"Rank {rank} called torch's built-in "
+                                          f"{', '.join(banned)}{may}.")
+        unrecorded = (t.get("wchar", 0) - t.get("printed", 0) - t.get("bytes_sent", 0)
+                      - 2 * p * t.get("collective_bytes", 0))
         messages = t.get("messages_sent", 0) + t.get("messages_received", 0)
+        collectives = sum(n for op, n in (t.get("calls") or {}).items() if op in allowed)
         if unrecorded > (UNRECORDED_SLACK_BYTES + UNRECORDED_PER_MESSAGE * messages
+                         + UNRECORDED_PER_COLLECTIVE * p * collectives
                          + t.get("bytes_sent", 0) // 100):
             return "tampering", (
                 f"Rank {rank} wrote {unrecorded:,} bytes that no recorded message accounts "
@@ -163,7 +176,7 @@ def _judge_group(check: Check, lab: Lab, record: dict,
             out.append(("exception", f"case {case['id']}: {len(obs)} of {ws} ranks reported"))
             continue
         traffic = [{k: v for k, v in o.items() if k not in ("output", "case")} for o in obs]
-        bad = _integrity(traffic)
+        bad = _integrity(traffic, lab.info.allowed_collectives)
         if bad:
             out.append(bad)
             continue

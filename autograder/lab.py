@@ -45,8 +45,9 @@ class CaseResult:
     outputs: list[Any]
     """Per rank, the decoded output (tensors are real tensors again)."""
     traffic: list[dict]
-    """Per rank: bytes_sent, bytes_received, messages_sent, messages_received, builtin_ops,
-    wchar, tampered, forbidden_loaded."""
+    """Per rank: bytes_sent, bytes_received, messages_sent, messages_received (point-to-point),
+    builtin_ops, calls (op name → count), collective_bytes, wchar, printed, tampered,
+    forbidden_loaded."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,13 @@ class LabInfo:
     """The seam: functions or classes the checks call in the student's module."""
     forbidden_imports: tuple[str, ...] = ()
     """Modules the ranks refuse to import (e.g. the toolkit's own solution)."""
+    allowed_collectives: tuple[str, ...] = ()
+    """torch.distributed collectives the student's code may call (e.g. ``"all_reduce"`` in a
+    DDP lab); any other built-in collective fails the case (kind builtin_collective)."""
+    sandbox_modules: tuple[str, ...] = ()
+    """`toolkit` modules the ranks may read besides the launcher and recorder, e.g.
+    ``("models",)`` for a harness that builds the tiny models in each rank. Never the module
+    that holds the lab's answer."""
 
 
 @dataclass

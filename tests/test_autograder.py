@@ -221,3 +221,54 @@ def test_playground_runs_the_reference(name):
     for sign in ("WRONG", "not written yet", "cannot draw", "Error"):
         assert sign not in text, f"{name}'s playground printed {sign!r} on the reference"
     assert any(o.get("output_type") == "display_data" for c in nb.cells for o in c.get("outputs", []))
+
+
+_TINY_HARNESS = '''
+import torch
+from toolkit.models import TinyMLP
+
+def make_inputs(case, world_size):
+    return [torch.full((4,), float(r)) for r in range(world_size)]
+
+def _call(student, rank, world_size, case):
+    TinyMLP(seed=0)  # readable only because LabInfo.sandbox_modules names "models"
+    t = torch.full((4,), float(rank))
+    student.total(t)
+    return t
+
+CALLS = {"total": _call}
+'''
+
+_TINY_CHECKS = '''
+import torch
+from autograder.lab import Check, LabInfo, Verdict
+
+LAB = LabInfo(slug="tiny", title="tiny", student_files=("mine.py",), names=("total",),
+              allowed_collectives=("all_reduce",), sandbox_modules=("models",))
+
+def judge(r):
+    want = sum(r.inputs)
+    ok = all(torch.equal(o, want) for o in r.outputs)
+    calls = r.traffic[0]["calls"]
+    return Verdict(ok and calls == {"all_reduce": 1}, f"calls {calls}")
+
+CHECKS = [Check("total", 1, "total", ({"world_size": 2},), judge)]
+'''
+
+
+@pytest.mark.multirank
+def test_a_lab_may_allow_collectives_and_toolkit_modules(tmp_path):
+    lab_dir = tmp_path / "tiny"
+    lab_dir.mkdir()
+    (lab_dir / "harness.py").write_text(_TINY_HARNESS)
+    (lab_dir / "checks.py").write_text(_TINY_CHECKS)
+    good, bad = tmp_path / "good" / "mine.py", tmp_path / "bad" / "mine.py"
+    good.parent.mkdir(), bad.parent.mkdir()
+    good.write_text("import torch.distributed as dist\ndef total(t):\n    dist.all_reduce(t)\n")
+    bad.write_text("import torch.distributed as dist\ndef total(t):\n"
+                   "    dist.all_reduce(t)\n    dist.broadcast(t, 0)\n")
+    lab = load_lab(lab_dir)
+    assert grade(lab, good).score == 1
+    result = grade(lab, bad)
+    assert result.score == 0 and result.checks[0].kind == "builtin_collective"
+    assert "broadcast" in result.checks[0].message and "allows all_reduce" in result.checks[0].message

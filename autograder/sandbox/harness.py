@@ -30,6 +30,8 @@ import torch.distributed.distributed_c10d as c10d
 from toolkit import comm
 from toolkit.comm.patch import SPECS
 
+from . import landlock
+
 
 class _Forbidden(importlib.abc.MetaPathFinder):
     """Refuses imports the lab forbids (e.g. the toolkit's own collectives in lab 01)."""
@@ -143,10 +145,35 @@ def load_module(path: Path, name: str):
     return module
 
 
+def _confine_rank(workdir: Path, job: dict) -> None:
+    """Take the grader's own files out of this rank's reach before any student code runs.
+
+    The supervisor writes its records (``observations.jsonl``) in the working folder, and a
+    rank, a fork of it, shares its Landlock domain and inherits the open file: a submission
+    could append a perfect record for every check and kill the supervisor before the real
+    ones follow (fault ``forge_observations``). So each rank closes every inherited
+    descriptor of that file and stacks a second Landlock layer on the supervisor's: reading
+    stays as the supervisor's layer allows, writing only in ``tmp/`` (TMPDIR), ``logs/`` and
+    /dev. Being more confined than the supervisor also bars the rank from ptrace-ing it or
+    writing its memory (Landlock refuses to trace a less confined process).
+    """
+    record = (workdir / "observations.jsonl").resolve()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if Path(os.readlink(f"/proc/self/fd/{fd}")) == record:
+                os.close(int(fd))
+        except (OSError, ValueError):
+            pass
+    if job.get("landlock", True) and landlock.abi_version() >= 1:
+        (workdir / "tmp").mkdir(exist_ok=True)
+        landlock.restrict(read=["/"], write=[str(workdir / "tmp"), str(workdir / "logs"), "/dev"])
+
+
 def run_group(rank: int, world_size: int, job: dict, group: dict) -> list[dict]:
     """Run every case of one check group on this rank; return one observation per case."""
     workdir = Path(job["workdir"])
     _redirect_output(workdir, group["id"].replace("/", "_"), rank)
+    _confine_rank(workdir, job)
     sys.meta_path.insert(0, _Forbidden(job.get("forbidden_imports", [])))
     sys.path.insert(0, str(workdir))
     comm.install()
@@ -174,6 +201,8 @@ def run_group(rank: int, world_size: int, job: dict, group: dict) -> list[dict]:
             "messages_sent": totals.messages_sent if totals else 0,
             "messages_received": totals.messages_received if totals else 0,
             "builtin_ops": builtin, "wchar": wchar, "printed": printed,
+            "collective_bytes": totals.collective_bytes if totals else 0,
+            "calls": dict(totals.calls) if totals else {},
             "tampered": tampered,
             "forbidden_loaded": sorted(n for n in job.get("forbidden_imports", [])
                                        if n in sys.modules),

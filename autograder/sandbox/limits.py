@@ -117,7 +117,7 @@ def preexec(limits: Limits, uid: int | None, group=None):
     return apply
 
 
-def sandbox_paths(workdir: Path) -> tuple[list[str], list[str], list[str]]:
+def sandbox_paths(workdir: Path, toolkit_modules=()) -> tuple[list[str], list[str], list[str]]:
     """(read, write, list_only) path lists for `landlock.restrict`: the interpreter and its
     packages, the system libraries, the parts of `toolkit` a rank needs (not its reference
     algorithms, which a lab may ask students to write), and the working folder."""
@@ -129,6 +129,10 @@ def sandbox_paths(workdir: Path) -> tuple[list[str], list[str], list[str]]:
         if entry and Path(entry).is_dir() and "site-packages" in entry:
             read.add(entry)
     read |= {str(pkg / "__init__.py"), str(pkg / "launch"), str(pkg / "comm")}
+    for name in toolkit_modules:  # what a lab's harness needs (LabInfo.sandbox_modules)
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"sandbox module {name!r} must be a plain toolkit module name")
+        read |= {str(pkg / name), str(pkg / f"{name}.py")}
     read.add(str(Path(__file__).resolve().parent))  # the rank-side harness lives here
     read.add(str(Path(__file__).resolve().parent.parent / "__init__.py"))
     write = [str(workdir), "/dev"]

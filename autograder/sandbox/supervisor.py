@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
     out = workdir / "observations.jsonl"
     confined = "none"
     if job.get("landlock", True) and landlock.abi_version() >= 1:
-        read, write, list_only = sandbox_paths(workdir)
+        read, write, list_only = sandbox_paths(workdir, job.get("sandbox_modules", ()))
         confined = f"landlock v{landlock.restrict(read, write, list_only)}"
     with open(out, "a") as f:
         f.write(json.dumps({"sandbox": confined, "uid": os.getuid()}) + "\n")
