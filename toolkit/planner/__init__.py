@@ -1,0 +1,33 @@
+"""Planning N-D parallel runs: which dp × tp × pp (× cp) layout, ZeRO stage and micro-batch
+count fits a model on a cluster, and how fast each is predicted to be.
+
+    from toolkit import planner
+    dgx = planner.cluster("dgx-a100-80gb", nodes=128)             # 1024 A100s
+    table = planner.plan("gpt3-175b", dgx, global_batch=1536)     # pandas, best first
+    table.head()                                                  # dp, tp, pp, memory, step, MFU
+    planner.predict("gpt2-small", dgx.with_gpus(8), planner.Layout(dp=8), global_batch=64)
+
+Pure functions over `toolkit.memory` (bytes), `toolkit.cost` (α-β links), `toolkit.flops`
+(FLOPs) and `toolkit.pipeline` (bubble); only `measure` starts ranks, to set the model against
+a real run on this machine.
+
+==========  =====================================================================================
+module      holds
+==========  =====================================================================================
+`cluster`   `Cluster` (GPUs per node, memory, intra/inter-node α-β, peak), presets `CLUSTERS`,
+            `cluster(name, nodes=)`, `laptop(link=, peak_flops=)` for CPU ranks
+`layout`    `Layout` (dp, tp, pp, cp, ZeRO stage, micro-batches, recompute), the rank grid
+            (`coords`, `groups`, `span`), `AXES`
+`plan`      `predict` (one layout: memory parts, time parts, MFU), `layouts` (enumerate),
+            `plan` (predict all, rank), `as_shape`, `EFFICIENCY`
+`measure`   real steps of TinyGPT on CPU ranks under a layout (dp and tp), the laptop's
+            FLOP/s and α-β, for predicted-vs-measured tables
+==========  =====================================================================================
+"""
+
+from .cluster import CLUSTERS, Cluster, cluster, laptop
+from .layout import AXES, Layout
+from .plan import EFFICIENCY, Prediction, as_shape, divisors, layouts, plan, predict, stage_params
+
+__all__ = ["AXES", "CLUSTERS", "EFFICIENCY", "Cluster", "Layout", "Prediction", "as_shape",
+           "cluster", "divisors", "laptop", "layouts", "plan", "predict", "stage_params"]

@@ -1,0 +1,288 @@
+"""Predict memory per GPU and step time of a parallel layout, enumerate layouts, rank them.
+
+For a transformer (L layers, hidden h, a heads, vocabulary V), a global batch of B sequences of
+s tokens, a `Layout` (dp, tp, pp, cp, ZeRO stage, m micro-batches of b = B/(dp·m) sequences)
+and a `Cluster`:
+
+Memory of the busiest GPU (the first pipeline stage, which also holds the embeddings):
+
+    states       model_state_bytes(Ψ_stage / tp, n_d = dp·cp, stage)     ZeRO §5 (toolkit.memory)
+    activations  (L/pp) · act(s/cp, b, tp, sp, recompute) · min(pp, m)   Korthikanti et al. 2022;
+                 + one layer's full activations when recomputing          1F1B holds min(p, m)
+    buffers      ZeRO-3: two layers' gathered 16-bit parameters (the one running, the prefetch)
+
+with Ψ_stage = Ψ at pp = 1, else (L/pp)·(12h² + 13h) + V·h + s·h. Allocator fragmentation and
+temporary buffers are left out (ZeRO §6.3: keep ~30 % headroom when a fit is marginal).
+
+Step time, α-β links of the cluster (`toolkit.cost.predict`, ring algorithms):
+
+    compute  = hardware FLOPs / world / (peak · efficiency)        toolkit.flops: 6N + 12·L·h·s
+                                                                   per token (8N + 16Lhs recomputing)
+    slot     = compute/m                              one micro-batch through one stage
+               + (L/pp) · (4 or 6) · AR_tp(b·s/cp·h·2 B)   Megatron: 2 all-reduces forward, 2
+                                                           back (+2 in a recomputed forward)
+               + (L/pp) · 3(cp−1) · p2p(2·b·s/cp·h/tp·2 B) ring attention: K, V; dK, dV
+               + 2 · p2p(b·s/cp·h/tp · 2 B)                activation out, its gradient back
+    pipeline = (m + pp − 1) · slot                         1F1B/GPipe: bubble (pp − 1)·slot,
+                                                           (p − 1)/(m + p − 1) of the time
+    dp       = AR_dp(G)  (ZeRO 0), RS(G) + AG(P) (ZeRO 1-2), 2·AG(P) + RS(G) (ZeRO 3), over the
+               dp·cp ranks holding the same weights; G, P: this GPU's gradient and parameter bytes
+    step     = pipeline + dp;     MFU = model FLOPs / (step · world · peak)     (PaLM, app. B)
+
+Nothing overlaps in this model (DDP hides much of `dp` behind backward; ring attention hides
+its sends behind attention), so predicted times are upper bounds, comparable between layouts.
+A group uses the intra-node link when its ranks lie in one node (`Layout.span`), else the
+inter-node link. Source of the method: Narayanan et al., SC 2021, §3 (the same terms, reasoned
+about one at a time).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+
+from .. import cost
+from ..flops import step_flops
+from ..memory import GiB, MIXED_ADAM, ModelShape, Recipe, model_shape, model_state_bytes
+from ..memory import activation_bytes_per_layer
+from ..models import GPTConfig, gpt_param_count
+from ..pipeline import bubble_fraction, peak_activations
+from .cluster import Cluster
+from .layout import Layout
+
+__all__ = ["EFFICIENCY", "Prediction", "as_shape", "divisors", "layouts", "plan", "predict",
+           "stage_params"]
+
+EFFICIENCY = 0.5
+"""Assumed fraction of peak FLOP/s the matmuls reach (an assumption, not a measurement:
+Megatron-LM reports 44-52 % of A100 peak at scale, Narayanan et al. 2021, Table 1)."""
+
+
+def as_shape(model: ModelShape | GPTConfig | str) -> ModelShape:
+    """A `ModelShape` from a name in `toolkit.memory.MODELS`, a shape, or a `GPTConfig`
+    (whose MLP must be 4h wide, the shape the formulas assume)."""
+    if isinstance(model, str):
+        return model_shape(model)
+    if isinstance(model, ModelShape):
+        return model
+    if isinstance(model, GPTConfig):
+        if model.ff_dim != 4 * model.d_model:
+            raise ValueError(f"as_shape: the planner assumes d_ff = 4·d_model, got d_ff="
+                             f"{model.ff_dim} for d_model={model.d_model}")
+        return ModelShape(f"GPT L{model.n_layer} h{model.d_model}", model.n_layer, model.d_model,
+                          model.n_head, model.vocab_size, model.seq_len,
+                          published=gpt_param_count(model), tied=model.tie_weights)
+    raise TypeError(f"as_shape: model must be a name, a ModelShape or a GPTConfig, "
+                    f"got {type(model).__name__}")
+
+
+def _config(shape: ModelShape, seq_len: int) -> GPTConfig:
+    # Only sizes matter to toolkit.flops; nothing is allocated.
+    return GPTConfig(vocab_size=shape.vocab, seq_len=max(seq_len, shape.seq_len),
+                     d_model=shape.hidden, n_head=shape.heads, n_layer=shape.layers,
+                     tie_weights=shape.tied)
+
+
+def stage_params(shape: ModelShape, pp: int) -> float:
+    """Parameters on the first (busiest) pipeline stage: all of Ψ at pp = 1, else L/pp layers of
+    12h² + 13h plus the token and position embeddings (V·h + s·h)."""
+    h = shape.hidden
+    if pp == 1:
+        return float(shape.num_params)
+    return shape.layers / pp * (12 * h * h + 13 * h) + shape.vocab * h + shape.seq_len * h
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Memory (bytes) of the busiest GPU and step time (seconds) of one layout."""
+
+    states: float
+    """Parameters, gradients and optimizer state (ZeRO stage over dp·cp)."""
+    activations: float
+    """Activations held at the peak: in-flight micro-batches × this stage's layers."""
+    buffers: float
+    """ZeRO-3's gathered parameters of two layers (0 otherwise)."""
+    fits: bool
+    """states + activations + buffers <= the GPU's memory."""
+    compute: float
+    """Seconds of arithmetic per GPU, no bubble (hardware FLOPs / (peak · efficiency))."""
+    tp_comm: float
+    """Seconds of tensor-parallel all-reduces per step (all micro-batches)."""
+    cp_comm: float
+    """Seconds of ring-attention key/value passing per step."""
+    pp_comm: float
+    """Seconds of pipeline point-to-point sends per step (activations and their gradients)."""
+    bubble: float
+    """Seconds stages sit idle while the pipeline fills and drains: (pp − 1) slots."""
+    bubble_fraction: float
+    """(pp − 1)/(m + pp − 1): the idle fraction of the pipeline's time."""
+    dp_comm: float
+    """Seconds of the data-parallel gradient exchange (and ZeRO-3's gathers) per step."""
+    step: float
+    """Predicted seconds per step: pipeline (compute + tp + cp + pp + bubble) + dp."""
+    model_flops: float
+    """FLOPs of one step as the model counts them (6N + 12·L·h·s per token), all GPUs."""
+    mfu: float
+    """model_flops / (step · world · peak)."""
+    tokens_per_s: float
+    """B·s / step."""
+
+    @property
+    def memory(self) -> float:
+        """Bytes the busiest GPU needs: states + activations + buffers."""
+        return self.states + self.activations + self.buffers
+
+
+def predict(model: ModelShape | GPTConfig | str, cluster: Cluster, layout: Layout, *,
+            global_batch: int, seq_len: int | None = None, recipe: Recipe = MIXED_ADAM,
+            efficiency: float = EFFICIENCY, elem_bytes: int = 2) -> Prediction:
+    """Memory per GPU and step time of `layout` on `cluster` (module docstring for the model).
+
+    `global_batch` is B, sequences per step; `seq_len` s defaults to the model's. B must split
+    into dp × m micro-batches of whole sequences, cp must divide s, tp the heads, pp the layers.
+    `elem_bytes`: bytes of one activation element on the wire (2 for bf16, 4 for fp32 on CPU).
+    """
+    shape = as_shape(model)
+    s = shape.seq_len if seq_len is None else seq_len
+    layout.check(cluster.world_size)
+    d = layout
+    for name, value in (("global_batch", global_batch), ("seq_len", s)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"predict: {name} must be an int >= 1, got {value!r}")
+    if not 0 < efficiency <= 1:
+        raise ValueError(f"predict: efficiency must be in (0, 1], got {efficiency!r}")
+    for what, n, k in (("heads", shape.heads, d.tp), ("layers", shape.layers, d.pp),
+                       ("seq_len", s, d.cp),
+                       ("global_batch", global_batch, d.dp * d.micro_batches)):
+        if n % k:
+            raise ValueError(f"predict: {what}={n} is not divisible by {k} "
+                             f"({d.label()}); choose degrees that divide it")
+    b = global_batch // (d.dp * d.micro_batches)  # sequences per micro-batch
+    s_local, layers = s // d.cp, shape.layers // d.pp
+    h, sp = shape.hidden, d.sequence_parallel and d.tp > 1
+
+    # Memory of the first stage.
+    params = stage_params(shape, d.pp) / d.tp
+    states = model_state_bytes(params, d.dp * d.cp, d.zero, recipe).total
+    act_kw = dict(seq_len=s_local, batch=b, hidden=h, heads=shape.heads, tensor_parallel=d.tp,
+                  sequence_parallel=sp)
+    per_layer = activation_bytes_per_layer(**act_kw, recompute=d.recompute)
+    in_flight = peak_activations("1f1b", p=d.pp, m=d.micro_batches)
+    acts = layers * per_layer * in_flight
+    if d.recompute == "full":  # backward reruns one layer at a time: its internals come back
+        acts += activation_bytes_per_layer(**act_kw, recompute="none")
+    layer_params = (12 * h * h + 13 * h) / d.tp
+    buffers = 2 * layer_params * recipe.param_bytes if d.zero == 3 else 0.0
+    total = states + acts + buffers
+
+    # Time.
+    flops = step_flops(_config(shape, s), global_batch, seq_len=s, recompute=d.recompute)
+    world = cluster.world_size
+    compute = flops["hardware"] / world / (cluster.peak_flops * efficiency)
+    m = d.micro_batches
+    tp_mb = 0.0
+    if d.tp > 1:
+        n_ar = 6 if d.recompute == "full" else 4
+        n = b * s_local * h * elem_bytes  # one (b, s/cp, h) activation
+        tp_mb = layers * n_ar * float(cost.predict("all_reduce", "ring", n, d.tp,
+                                                   cluster.link(d.span("tp"))))
+    cp_mb = 0.0
+    if d.cp > 1:  # forward passes cp−1 key/value blocks; backward passes them and their grads
+        link = cluster.link(d.span("cp"))
+        kv = 2 * b * s_local * h / d.tp * elem_bytes
+        cp_mb = layers * 3 * (d.cp - 1) * (link.alpha + kv * link.beta)
+    pp_mb = 0.0
+    if d.pp > 1:  # Megatron's scatter/gather: each tp rank sends 1/tp of the activation
+        link = cluster.link(d.span("pp"))
+        pp_mb = 2 * (link.alpha + b * s_local * h / d.tp * elem_bytes * link.beta)
+    slot = compute / m + tp_mb + cp_mb + pp_mb
+    pipeline = (m + d.pp - 1) * slot
+    dp_comm = _dp_time(params, recipe, d, cluster)
+    step = pipeline + dp_comm
+    return Prediction(
+        states=states, activations=acts, buffers=buffers, fits=total <= cluster.memory_bytes,
+        compute=compute, tp_comm=m * tp_mb, cp_comm=m * cp_mb, pp_comm=m * pp_mb,
+        bubble=(d.pp - 1) * slot, bubble_fraction=bubble_fraction("1f1b", p=d.pp, m=m),
+        dp_comm=dp_comm, step=step, model_flops=flops["model"],
+        mfu=flops["model"] / (step * world * cluster.peak_flops),
+        tokens_per_s=global_batch * s / step)
+
+
+def _dp_time(params: float, recipe: Recipe, d: Layout, cluster: Cluster) -> float:
+    """Seconds of the data-parallel exchange of this GPU's `params` (ZeRO §7's volumes)."""
+    q = d.dp * d.cp
+    if q == 1:
+        return 0.0
+    link = cluster.link(d.span("dp"))
+    grads, weights = params * recipe.grad_bytes, params * recipe.param_bytes
+
+    def t(collective: str, nbytes: float) -> float:
+        return float(cost.predict(collective, "ring", nbytes, q, link))
+
+    if d.zero == 0:
+        return t("all_reduce", grads)
+    if d.zero in (1, 2):
+        return t("reduce_scatter", grads) + t("all_gather", weights)
+    return 2 * t("all_gather", weights) + t("reduce_scatter", grads)
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of n, increasing."""
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def layouts(shape: ModelShape, cluster: Cluster, *, global_batch: int, seq_len: int,
+            zero_stages=(0, 1, 2, 3), micro_batches=(1, 2, 4, 8, 16, 32, 64),
+            recompute=("none", "full"), cp=(1,)) -> list[Layout]:
+    """Every layout worth predicting: tp inside a node dividing the heads, pp dividing the
+    layers, cp dividing the sequence, dp the rest of the world, m micro-batches with B divisible
+    by dp·m; each with every ZeRO stage and recompute choice given."""
+    world, out = cluster.world_size, []
+    tps = [t for t in divisors(cluster.gpus_per_node) if shape.heads % t == 0]
+    for tp, pp, c in itertools.product(tps, divisors(shape.layers), cp):
+        if world % (tp * pp * c) or seq_len % c:
+            continue
+        dp = world // (tp * pp * c)
+        for m, z, rc in itertools.product(micro_batches, zero_stages, recompute):
+            if global_batch % (dp * m) == 0 and not (z > 0 and dp * c == 1):
+                out.append(Layout(dp=dp, tp=tp, pp=pp, cp=c, zero=z, micro_batches=m,
+                                  recompute=rc))
+    return out
+
+
+def plan(model: ModelShape | GPTConfig | str, cluster: Cluster, *, global_batch: int,
+         seq_len: int | None = None, recipe: Recipe = MIXED_ADAM,
+         efficiency: float = EFFICIENCY, elem_bytes: int = 2, **choices) -> pd.DataFrame:
+    """Predict every layout of `layouts` (keyword `choices` narrow it: zero_stages,
+    micro_batches, recompute, cp) and rank them: layouts that fit first, fastest first.
+
+    One row per layout: its degrees, micro-batch size b, memory parts in GiB, the time parts in
+    seconds, step time, MFU and tokens/s; `layout` holds the `Layout` itself.
+    """
+    shape = as_shape(model)
+    s = shape.seq_len if seq_len is None else seq_len
+    rows = []
+    for d in layouts(shape, cluster, global_batch=global_batch, seq_len=s, **choices):
+        p = predict(shape, cluster, d, global_batch=global_batch, seq_len=s, recipe=recipe,
+                    efficiency=efficiency, elem_bytes=elem_bytes)
+        fields = asdict(p)
+        rows.append({"config": d.label(), "dp": d.dp, "tp": d.tp, "pp": d.pp, "cp": d.cp,
+                     "zero": d.zero, "m": d.micro_batches,
+                     "b": global_batch // (d.dp * d.micro_batches), "recompute": d.recompute,
+                     **{f"{k}_GiB": fields[k] / GiB for k in ("states", "activations",
+                                                              "buffers")},
+                     "memory_GiB": p.memory / GiB, "fits": p.fits,
+                     **{k: fields[k] for k in ("compute", "tp_comm", "cp_comm", "pp_comm",
+                                               "bubble", "dp_comm", "step", "bubble_fraction",
+                                               "mfu", "tokens_per_s")},
+                     "layout": d})
+    if not rows:
+        raise ValueError(f"plan: no layout of {shape.name} fits the constraints on "
+                         f"{cluster.world_size} GPUs with global_batch={global_batch}")
+    table = pd.DataFrame(rows)
+    # Ties (e.g. ZeRO 0 and 1 on one GPU's worth of time) go to the layout needing less memory.
+    table = table.sort_values(["fits", "step", "memory_GiB"], ascending=[False, True, True],
+                              kind="stable")
+    return table.reset_index(drop=True)
