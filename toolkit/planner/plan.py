@@ -17,7 +17,7 @@ temporary buffers are left out (ZeRO §6.3: keep ~30 % headroom when a fit is ma
 Step time, α-β links of the cluster (`toolkit.cost.predict`, ring algorithms):
 
     compute  = hardware FLOPs / world / (peak · efficiency)        toolkit.flops: 6N + 12·L·h·s
-                                                                   per token (8N + 16Lhs recomputing)
+                                                                   per token; 8N + 16Lhs recomputing
     slot     = compute/m                              one micro-batch through one stage
                + (L/pp) · (4 or 6) · AR_tp(b·s/cp·h·2 B)   Megatron: 2 all-reduces forward, 2
                                                            back (+2 in a recomputed forward)
