@@ -70,6 +70,7 @@ test: setup browser  ## run every test: unit, multi-rank, notebooks, lessons in 
 bench: setup  ## print the launcher, recorder, collectives and lesson figures (benchmarks/)
 	$(BIN)/python benchmarks/launch_overhead.py
 	$(BIN)/python benchmarks/collectives.py --algorithms ring,torch --sizes 1M,16M,64M
+	$(BIN)/python benchmarks/pipeline_bubbles.py
 	$(BIN)/python benchmarks/lesson_resources.py
 
 clean:  ## remove the venv and caches

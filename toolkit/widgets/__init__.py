@@ -2,19 +2,21 @@
 
     from toolkit import widgets
     widgets.cost_explorer(fit.link, p=64)    # last line of a cell: sliders, a verdict, a figure
+    widgets.pipeline_explorer(p=4, m=8)      # schedule, p, m, v, t_b/t_f: Gantt, bubble vs formula
 
-One module per explorer (`cost`, `memory`, ...), each a thin shell: one pure function maps slider values
+One module per explorer (`cost`, `memory`, `pipeline`, ...), each a thin shell: one pure function maps slider values
 to what is shown and is tested without a browser; the explorer object only holds the sliders and
 puts that function's output into an `Output` area on every change (`base.plotly_bundle`).
 """
 
 from .base import plotly_bundle
 from .memory import MemoryExplorer, memory_explorer, memory_view
+from .pipeline import PipelineExplorer, pipeline_explorer, pipeline_view
 from .cost import (
     ALPHA_US, BANDWIDTH_GBS, DEFAULT_LINK, P_CHOICES, SIZE_CHOICES, CostExplorer, cost_explorer,
     cost_view,
 )
 
 __all__ = ["ALPHA_US", "BANDWIDTH_GBS", "DEFAULT_LINK", "P_CHOICES", "SIZE_CHOICES",
-           "CostExplorer", "MemoryExplorer", "cost_explorer", "cost_view", "memory_explorer",
-           "memory_view", "plotly_bundle"]
+           "CostExplorer", "MemoryExplorer", "PipelineExplorer", "cost_explorer", "cost_view",
+           "memory_explorer", "memory_view", "pipeline_explorer", "pipeline_view", "plotly_bundle"]
