@@ -139,6 +139,8 @@ CASES = {
                     [r"torch\.distributed\.isend|distributed_c10d\.isend"], set()),
     "patch_recorder": (["tree"], {"tree": "tampering"}, [r"toolkit\.comm\.events\.Trace\.totals"],
                        set()),
+    "forge_observations": (["ar", "tree"], {"ar": "sandbox_violation"},
+                           [r"Permission denied: 'observations\.jsonl'"], set()),
     "hidden_builtin": (["ar", "tree"], {"ar": "tampering"},
                        [r"bytes that no recorded message accounts for"], set()),
     # Recognised mistakes: partial scores, feedback that names the mistake.
@@ -183,18 +185,25 @@ def test_syntax_error_is_found_before_anything_runs(lab01, tmp_path):
     assert result.sandbox == "" and seconds < 5  # parsed here, no sandbox started
 
 
-def test_forged_results_in_its_folder_zero_the_grade(lab01, tmp_path):
-    result, _, _ = run_fault(lab01, "forged_results_cwd", ["ar", "tree"], tmp_path)
+def test_forged_results_in_tmp_zero_the_grade(lab01, tmp_path):
+    """$TMPDIR is the one folder a rank may write: a results.json found there zeroes it all."""
+    result, _, _ = run_fault(lab01, "forged_results_tmp", ["ar", "tree"], tmp_path)
     assert result.score == 0
     for check in result.checks:  # even the untouched tree check
         assert_failed(check, "forged_results", r"results\.json")
+
+
+def test_forged_results_in_its_folder_are_refused(lab01, tmp_path):
+    result, by_name, _ = run_fault(lab01, "forged_results_cwd", ["ar", "tree"], tmp_path)
+    assert_failed(by_name["ar"], "forged_results", r"Permission denied: 'results\.json'")
+    assert by_name["tree"].ok
 
 
 def test_forged_results_outside_its_folder_are_refused(lab01, tmp_path):
     """The fault writes into the folder above its working folder: here `runs/`."""
     result, by_name, _ = run_fault(lab01, "forged_results_abs", ["ar", "tree"], tmp_path)
     assert not (tmp_path / "runs" / "results.json").exists()
-    assert_failed(by_name["ar"], "sandbox_violation", r"Permission denied: '.*results\.json'")
+    assert_failed(by_name["ar"], "forged_results", r"Permission denied: '.*results\.json'")
     assert by_name["tree"].ok
 
 
@@ -230,7 +239,7 @@ def test_fork_bomb_is_stopped_and_nothing_survives(lab01, tmp_path):
 
 def test_every_fault_file_has_a_test():
     tested = set(CASES) | {"syntax_error", "forged_results_cwd", "forged_results_abs",
-                           "output_flood", "memory_creep", "fork_bomb"}
+                           "forged_results_tmp", "output_flood", "memory_creep", "fork_bomb"}
     assert {p.stem for p in FAULTS.glob("*.py")} == tested
 
 

@@ -1,5 +1,5 @@
 """Fault: writes results.json by absolute path into the folder above its own (where the grader
-keeps its runs). Landlock refuses. Expected: sandbox_violation; the file is never written.
+keeps its runs). Landlock refuses. Expected: forged_results; the file is never written.
 """
 
 from __future__ import annotations

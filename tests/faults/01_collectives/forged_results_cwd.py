@@ -1,5 +1,5 @@
-"""Fault: writes a perfect results.json into its working folder (and computes a wrong sum).
-Expected: forged_results, zero.
+"""Fault: writes a perfect results.json into its working folder (and skips the work). Landlock
+refuses (ranks write only in tmp/). Expected: forged_results, zero for the check.
 """
 
 from __future__ import annotations
