@@ -38,6 +38,12 @@ forward and backward inside it). Edge cases:
   bitmap to know, and here the count of all-reduces per step is exactly the count of buckets.
 
 Every collective is a ``dist.all_reduce`` looked up at call time, so `toolkit.comm` records it.
+
+The seams a lab can leave to students, each a few lines with a reference to test against:
+`assign_buckets` (which parameters share a bucket), `Bucket.pack` / `Bucket.unpack` (flat
+buffer in and out), `BucketedDDP._finish` (reduce after backward) and
+`OverlappedDDP._grad_ready` / `_launch_ready` / `_finish` (launch during backward, in order,
+then wait). `NaiveDDP` is the reference they are checked against.
 """
 
 from __future__ import annotations
