@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from toolkit import memory
@@ -185,3 +186,53 @@ def test_measured_dp_and_tp_runs_train_the_same_model():
     assert dp["step"] > 0 and dp["dp_comm"] > 0 and tp["dp_comm"] < dp["step"]
     with pytest.raises(ValueError, match="dp × tp with ZeRO 0 only"):
         run_layout(cfg, Layout(pp=2), global_batch=4)
+
+
+# Figures and the explorer (toolkit.viz.planner, toolkit.widgets.planner), without a browser.
+
+def test_mesh_grid_draws_every_rank_once_coloured_by_node():
+    from toolkit.viz.planner import mesh_grid
+    d = Layout(dp=2, tp=2, pp=2)
+    fig = mesh_grid(d, gpus_per_node=4)
+    cells = {a.text for a in fig.layout.annotations if a.text.isdigit()}
+    assert cells == {str(r) for r in range(8)} and len(fig.layout.shapes) == 8
+    fills = [s.fillcolor for s in fig.layout.shapes]
+    assert len(set(fills[:4])) == 1 and fills[0] != fills[4]  # ranks 0-3 on node 0
+    assert {"stage 0", "stage 1"} <= {a.text for a in fig.layout.annotations}
+    with pytest.raises(ValueError, match="too many cells"):
+        mesh_grid(Layout(dp=1024))
+
+
+def test_time_bars_stack_the_parts_of_the_fastest_feasible_rows():
+    from toolkit.viz.planner import memory_time, predicted_measured, time_bars
+    table = plan("gpt2-medium", DGX, global_batch=32)
+    fig = time_bars(table, top=5)
+    stacked = sum(np.asarray(t.x, dtype=float) for t in fig.data)
+    assert list(fig.data[0].y) == list(table[table.fits].config.head(5))
+    assert stacked == pytest.approx(list(table[table.fits].step.head(5)))
+    assert all("MFU" in a.text for a in fig.layout.annotations)
+    pts = memory_time(table, memory_gib=80)
+    assert sum(len(t.x) for t in pts.data) == len(table) and pts.layout.shapes[0].x0 == 80
+    bars = predicted_measured({"dp4": {"predicted": 0.1, "measured": 0.15}})
+    assert bars.layout.annotations[0].text == "×1.50"
+
+
+def test_planner_view_and_explorer_redraw():
+    from toolkit.widgets.planner import planner_explorer, planner_view
+    fig, table_html, verdict = planner_view(model="gpt2-small", cluster_name="dgx-a100-80gb",
+                                            gpus=8, global_batch=64)
+    assert "fastest: <b>dp8·tp1·pp1 z0 m1</b>" in verdict and table_html.count("<tr>") == 9
+    _, _, none = planner_view(model="gpt3-175b", cluster_name="dgx-a100-80gb", gpus=8,
+                              global_batch=64)
+    assert "nothing fits" in none
+    _, _, odd = planner_view(model="gpt2-small", cluster_name="dgx-a100-80gb", gpus=12,
+                             global_batch=64)
+    assert "whole number of 8-GPU nodes" in odd
+    ex = planner_explorer("gpt2-small", gpus=8, global_batch=64)
+    assert ex.verdict.value == verdict and len(ex.output.outputs) == 1
+    ex.model.value = "gpt3-175b"                       # as if picked from the dropdown
+    assert "nothing fits" in ex.verdict.value
+    ex.gpus.value = 1024
+    assert "fit; fastest" in ex.verdict.value and "gpt3-175b on 1024" in ex.figure.layout.title.text
+    with pytest.raises(ValueError, match="model must be one of"):
+        planner_explorer("gpt-5")

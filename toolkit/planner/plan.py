@@ -256,7 +256,8 @@ def plan(model: ModelShape | GPTConfig | str, cluster: Cluster, *, global_batch:
          seq_len: int | None = None, recipe: Recipe = MIXED_ADAM,
          efficiency: float = EFFICIENCY, elem_bytes: int = 2, **choices) -> pd.DataFrame:
     """Predict every layout of `layouts` (keyword `choices` narrow it: zero_stages,
-    micro_batches, recompute, cp) and rank them: layouts that fit first, fastest first.
+    micro_batches, recompute, cp) and rank them: layouts that fit first, fastest first, equal
+    times broken toward the simpler layout (lower ZeRO stage, fewer micro-batches).
 
     One row per layout: its degrees, micro-batch size b, memory parts in GiB, the time parts in
     seconds, step time, MFU and tokens/s; `layout` holds the `Layout` itself.
@@ -282,7 +283,12 @@ def plan(model: ModelShape | GPTConfig | str, cluster: Cluster, *, global_batch:
         raise ValueError(f"plan: no layout of {shape.name} fits the constraints on "
                          f"{cluster.world_size} GPUs with global_batch={global_batch}")
     table = pd.DataFrame(rows)
-    # Ties (e.g. ZeRO 0 and 1 on one GPU's worth of time) go to the layout needing less memory.
-    table = table.sort_values(["fits", "step", "memory_GiB"], ascending=[False, True, True],
-                              kind="stable")
-    return table.reset_index(drop=True)
+    # Equal times (ZeRO 0-2 move the same bytes; micro-batches cost nothing extra at pp = 1 in
+    # this model, though small ones run less efficiently on a real GPU) go to the simpler
+    # layout: lower ZeRO stage, fewer micro-batches, no recomputation. Times are compared to 9
+    # significant digits so that float rounding does not decide.
+    key = table.assign(_t=table.step.map(lambda t: float(f"{t:.9g}")),
+                       _rc=table.recompute != "none")
+    order = key.sort_values(["fits", "_t", "zero", "m", "_rc"],
+                            ascending=[False, True, True, True, True], kind="stable").index
+    return table.loc[order].reset_index(drop=True)
