@@ -11,10 +11,10 @@ backward with gradient averaging, SGD step) with
 on the same model (a TinyMLP of a few million parameters, so that the gradient all-reduce is
 a sizeable part of the step) and the same data. Every variant uses the same bucket cap.
 A step's time is the slowest rank's (each step starts after a barrier); the table shows the
-median over steps, with variants interleaved over several rounds so that a busy moment of the
-machine does not fall on one variant only. The last column is the ratio to torch DDP.
+median over steps, with the variants taking turns step by step so that a busy moment of the
+machine does not fall on one variant only. "vs torch" is the ratio to torch DDP.
 
-Usage: python benchmarks/ddp_step.py [--ranks 2 4] [--steps 10] [--rounds 3] [--bucket-cap-mb 4]
+Usage: python benchmarks/ddp_step.py [--ranks 2 4] [--steps 40] [--bucket-cap-mb 4]
 Times vary ±30 % on a shared 2-core machine: read the ratios, and run it twice.
 """
 
@@ -73,10 +73,12 @@ def _bench(rank: int, world_size: int, args: argparse.Namespace) -> dict:
         _steps(ddp, opt, x, y, 3)  # warm-up (torch DDP rebuilds its buckets after step 1)
         runs[name] = (ddp, opt)
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    for r in range(args.rounds):
+    # One step of each variant in turn, the order rotating: a busy second of the shared machine
+    # then costs every variant alike.
+    for r in range(args.steps):
         order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
         for name in order:
-            times[name] += _steps(*runs[name], x, y, args.steps)
+            times[name] += _steps(*runs[name], x, y, 1)
     buckets = {name: len(ddp.buckets) if hasattr(ddp, "buckets") else
                len(ddp.sync_params) if hasattr(ddp, "sync_params") else None
                for name, (ddp, _) in runs.items()}
@@ -86,8 +88,7 @@ def _bench(rank: int, world_size: int, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per variant per round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per variant")
     parser.add_argument("--width", type=int, default=1024, help="hidden width of the TinyMLP")
     parser.add_argument("--depth", type=int, default=3, help="hidden layers of the TinyMLP")
     parser.add_argument("--batch", type=int, default=32, help="items per rank per step")
