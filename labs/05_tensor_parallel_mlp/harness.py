@@ -1,0 +1,165 @@
+"""Lab 05's rank-side calls and inputs: how each check calls the student's layers.
+
+Copied into the sandbox next to the student's file (as `_lab_harness`) and imported by the
+grader, so the dense weights a rank shards and the ones the grader computes expected values
+from come from the same function (`make_inputs`). Holds no answers: each call builds the dense
+layer, asks the student's `from_dense` for this rank's shard, runs forward and backward with a
+seeded upstream gradient, and returns the shard, the output, every gradient and the number of
+each collective, counted separately in forward and in backward (nested `comm.recording()`).
+
+A case is a dict: ``world_size``, ``kind`` (the call: "fg", "column", "row" or "mlp"), ``h`` (input width), ``d`` (the output width of a layer, or
+d_ff of an MLP), ``shape`` (the leading dimensions of the input, e.g. [2, 4] for batch ×
+sequence), ``bias``, ``dtype`` and ``seed``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from toolkit import comm
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class DenseMLP(nn.Module):
+    """The unsplit MLP the checks shard: GELU(x·up_projᵀ + b₁)·down_projᵀ + b₂, h -> d_ff -> h
+    (the same layout as TinyGPT's MLP in `toolkit.models`)."""
+
+    def __init__(self, h: int, d_ff: int, bias: bool = True) -> None:
+        super().__init__()
+        with torch.device("meta"):  # no random init: make_inputs' weights are copied in
+            self.up_proj, self.down_proj = nn.Linear(h, d_ff, bias), nn.Linear(d_ff, h, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.gelu(self.up_proj(x)))
+
+
+def _randn(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+
+
+def make_inputs(case: dict, world_size: int) -> list[dict]:
+    """Per rank, the tensors of one case (float64 draws, cast to the case's dtype).
+
+    Layers and MLP: the dense weights (the same on every rank, drawn like PyTorch's default
+    init scale 1/√fan_in), the input x and the upstream gradient gy (the loss is
+    Σ output · gy). "fg": x_f (the same on every rank) and gy_f (different per rank) for f;
+    x_g (different per rank) and gy_g (the same) for g."""
+    dtype = DTYPES[case.get("dtype", "float32")]
+    seed, lead = int(case.get("seed", 0)), list(case.get("shape", [2, 4]))
+    h, d = case.get("h", 8), case.get("d", 16)
+    shared = torch.Generator().manual_seed(seed * 7919)
+    if case["kind"] == "fg":
+        x_f, gy_g = _randn(shared, *lead, h), _randn(shared, *lead, h)
+        out = []
+        for r in range(world_size):
+            own = torch.Generator().manual_seed(seed * 7919 + 101 + r)
+            out.append({"x_f": x_f, "gy_f": _randn(own, *lead, h), "x_g": _randn(own, *lead, h),
+                        "gy_g": gy_g})
+        return [{k: v.to(dtype) for k, v in o.items()} for o in out]
+    w = {}
+    if case["kind"] == "mlp":
+        w["up.weight"] = _randn(shared, d, h, scale=h ** -0.5)
+        w["up.bias"] = _randn(shared, d, scale=0.5)
+        w["down.weight"] = _randn(shared, h, d, scale=d ** -0.5)
+        w["down.bias"] = _randn(shared, h, scale=0.5)
+        w["x"], w["gy"] = _randn(shared, *lead, h), _randn(shared, *lead, h)
+    else:  # one Linear(h, d)
+        w["weight"], w["bias"] = _randn(shared, d, h, scale=h ** -0.5), _randn(shared, d, scale=0.5)
+        w["x"], w["gy"] = _randn(shared, *lead, h), _randn(shared, *lead, d)
+    if not case.get("bias", True):
+        w = {k: v for k, v in w.items() if not k.endswith("bias")}
+    one = {k: v.to(dtype) for k, v in w.items()}
+    return [one] * world_size
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    out_f, in_f = weight.shape
+    with torch.device("meta"):
+        layer = nn.Linear(in_f, out_f, bias is not None)
+    layer.weight = nn.Parameter(weight.clone())
+    layer.bias = nn.Parameter(bias.clone()) if bias is not None else None
+    return layer
+
+
+def _calls(trace) -> dict:
+    totals = trace.totals()
+    t = next(iter(totals.values()), None)
+    return {"calls": dict(t.calls) if t else {}, "bytes": t.collective_bytes if t else 0}
+
+
+def _grad(p) -> torch.Tensor | None:
+    return p.grad.detach().clone() if isinstance(p, torch.Tensor) and p.grad is not None else None
+
+
+def _data(p) -> torch.Tensor | None:
+    return p.detach().clone() if isinstance(p, torch.Tensor) else None
+
+
+def _run(module, x: torch.Tensor, gy: torch.Tensor) -> dict:
+    """Forward and backward of `module` on `x`, each phase recorded on its own. The backward
+    runs only when the output has gy's shape (a wrong shape is reported, not crashed on)."""
+    x = x.clone().requires_grad_()
+    with comm.recording() as fwd:
+        y = module(x)
+    out = {"y": _data(y), "fwd": _calls(fwd), "bwd": None, "x_grad": None,
+           "y_requires_grad": bool(getattr(y, "requires_grad", False))}
+    if isinstance(y, torch.Tensor) and y.shape == gy.shape and y.requires_grad:
+        with comm.recording() as bwd:
+            (y * gy).sum().backward()
+        out["bwd"], out["x_grad"] = _calls(bwd), _grad(x)
+    return out
+
+
+def _params(prefix: str, layer) -> dict:
+    out = {}
+    for name in ("weight", "bias"):
+        p = getattr(layer, name, None)
+        out[f"{prefix}{name}"], out[f"{prefix}{name}.grad"] = _data(p), _grad(p)
+    return out
+
+
+def _split(n: int, rank: int, world_size: int) -> slice:
+    step = n // world_size
+    return slice(rank * step, (rank + 1) * step)
+
+
+def _column(student, rank, world_size, case):
+    i = make_inputs(case, world_size)[rank]
+    layer = student.ColumnParallelLinear.from_dense(_linear(i["weight"], i.get("bias")))
+    # The loss Σ_r Σ y_r · gy[.., rank's features] is the dense Σ y · gy, split by features.
+    out = _run(layer, i["x"], i["gy"][..., _split(i["gy"].shape[-1], rank, world_size)])
+    return {**out, **_params("", layer)}
+
+
+def _row(student, rank, world_size, case):
+    i = make_inputs(case, world_size)[rank]
+    layer = student.RowParallelLinear.from_dense(_linear(i["weight"], i.get("bias")))
+    x = i["x"][..., _split(i["x"].shape[-1], rank, world_size)]  # input arrives split
+    return {**_run(layer, x, i["gy"]), **_params("", layer)}
+
+
+def _mlp(student, rank, world_size, case):
+    i = make_inputs(case, world_size)[rank]
+    dense = DenseMLP(case.get("h", 8), case.get("d", 16), "up.bias" in i)
+    dense.up_proj = _linear(i["up.weight"], i.get("up.bias"))
+    dense.down_proj = _linear(i["down.weight"], i.get("down.bias"))
+    mlp = student.ParallelMLP.from_dense(dense)
+    out = _run(mlp, i["x"], i["gy"])
+    params = sum(p.numel() for p in mlp.parameters()) if isinstance(mlp, nn.Module) else -1
+    return {**out, **_params("up.", getattr(mlp, "up_proj", None)),
+            **_params("down.", getattr(mlp, "down_proj", None)), "numel": params,
+            "dense_touched": any(p.grad is not None for p in dense.parameters())}
+
+
+def _fg(student, rank, world_size, case):
+    i = make_inputs(case, world_size)[rank]
+    f = _run(student.copy_to_tp, i["x_f"], i["gy_f"])
+    x_g = i["x_g"].clone()
+    g = _run(student.reduce_from_tp, x_g, i["gy_g"])
+    return {"f": f, "g": g}
+
+
+CALLS = {"fg": _fg, "column": _column, "row": _row, "mlp": _mlp}
