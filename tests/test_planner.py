@@ -171,7 +171,7 @@ def test_gpt3_on_1024_a100s_pure_dp_does_not_fit_megatron_does():
     assert not pure[pure.recompute == "none"].fits.any()             # 275 GiB of activations
     z0 = predict("gpt3-175b", big, Layout(dp=1024), global_batch=1024)
     assert z0.states == 16 * memory.model_shape("gpt3-175b").num_params and not z0.fits
-    megatron = table[(table.tp == 8) & (table.pp == 16)]            # Narayanan et al. 2021
+    megatron = table[(table.tp == 8) & (table.pp == 16)]  # tp in a node, pp across (Narayanan)
     assert megatron.fits.any()
     best = table.iloc[0]
     assert best.fits and best.tp == 8 and 0.2 < best.mfu < 0.5

@@ -234,18 +234,22 @@ def divisors(n: int) -> list[int]:
 
 
 def layouts(shape: ModelShape, cluster: Cluster, *, global_batch: int, seq_len: int,
-            zero_stages=(0, 1, 2, 3), micro_batches=(1, 2, 4, 8, 16, 32, 64),
-            recompute=("none", "full"), cp=(1,)) -> list[Layout]:
+            zero_stages=(0, 1, 2, 3), micro_batches=None, recompute=("none", "full"),
+            cp=(1,)) -> list[Layout]:
     """Every layout worth predicting: tp inside a node dividing the heads, pp dividing the
     layers, cp dividing the sequence, dp the rest of the world, m micro-batches with B divisible
-    by dp·m; each with every ZeRO stage and recompute choice given."""
+    by dp·m (every such m when `micro_batches` is None, else those listed); each with every
+    ZeRO stage and recompute choice given."""
     world, out = cluster.world_size, []
     tps = [t for t in divisors(cluster.gpus_per_node) if shape.heads % t == 0]
     for tp, pp, c in itertools.product(tps, divisors(shape.layers), cp):
         if world % (tp * pp * c) or seq_len % c:
             continue
         dp = world // (tp * pp * c)
-        for m, z, rc in itertools.product(micro_batches, zero_stages, recompute):
+        if global_batch % dp:
+            continue
+        ms = divisors(global_batch // dp) if micro_batches is None else micro_batches
+        for m, z, rc in itertools.product(ms, zero_stages, recompute):
             if global_batch % (dp * m) == 0 and not (z > 0 and dp * c == 1):
                 out.append(Layout(dp=dp, tp=tp, pp=pp, cp=c, zero=z, micro_batches=m,
                                   recompute=rc))
