@@ -92,14 +92,16 @@ def computation_graph(nodes: Sequence[Mapping], *, title: str = "computational g
     height = 1 + max(-y for _, y in pos.values())
     column = {k: int(x) for k, (x, _) in pos.items()}
 
-    fig = go.Figure()
+    # Annotations collected as plain dicts and set once: add_annotation validates every call,
+    # which costs seconds for a graph of a few dozen boxes and arrows.
+    notes = []
     for n in nodes:
         x1, y1 = pos[n["name"]]
         for i in n.get("inputs", ()):
             x0, y0 = pos[i]
-            fig.add_annotation(x=x1 - 0.28, y=y1, ax=x0 + 0.28, ay=y0, xref="x", yref="y",
-                               axref="x", ayref="y", showarrow=True, arrowhead=2,
-                               arrowwidth=1.2, arrowcolor="#888", text="")
+            notes.append(dict(x=x1 - 0.28, y=y1, ax=x0 + 0.28, ay=y0, xref="x", yref="y",
+                              axref="x", ayref="y", showarrow=True, arrowhead=2,
+                              arrowwidth=1.2, arrowcolor="#888", text=""))
     for n in nodes:
         x, y = pos[n["name"]]
         op = f" = {n['op']}" if n.get("op") else ""
@@ -107,9 +109,9 @@ def computation_graph(nodes: Sequence[Mapping], *, title: str = "computational g
         if show_grad:
             text += f"<br>grad {_fmt(n.get('grad'))}"
         color = _KIND_COLORS.get(n.get("kind", "op"), _KIND_COLORS["op"])
-        fig.add_annotation(x=x, y=y, text=text, showarrow=False, align="center",
-                           bgcolor=color, bordercolor="#555", borderwidth=1, borderpad=4,
-                           font=dict(size=11))
+        notes.append(dict(x=x, y=y, text=text, showarrow=False, align="center", bgcolor=color,
+                          bordercolor="#555", borderwidth=1, borderpad=4, font=dict(size=11)))
+    fig = go.Figure(layout=dict(annotations=notes))
     n_cols = max(column.values()) + 1
     fig.update_layout(title=title, height=max(260, 95 * height + 80),
                       width=max(500, 165 * n_cols), margin=dict(l=10, r=10, t=50, b=10),
