@@ -92,8 +92,8 @@ def _train(rank: int, world_size: int, kind: str) -> dict:
     return out
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize("kind", ["mlp", "gpt"])
+@pytest.mark.parametrize("kind, world_size", [("mlp", 2), ("mlp", 3), ("mlp", 4), ("gpt", 2),
+                                              ("gpt", 4)])
 def test_ranks_match_single_process_on_full_batch(kind, world_size):
     ref = _reference(kind)
     results = spawn(_train, world_size, kind, timeout=TIMEOUT, echo=False)
@@ -212,7 +212,7 @@ def _accumulate(rank: int, world_size: int, k: int) -> dict:
     x, y = make_regression_data(24, 5, 3, seed=4)
     x, y = x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
     model = TinyMLP(d_in=5, d_hidden=13, d_out=3, seed=5)
-    ddp = OverlappedDDP(model, bucket_cap_mb=0.001)
+    ddp = OverlappedDDP(model, bucket_cap_mb=0.0005)  # ~500 B: 3 buckets
     with comm.recording() as trace:
         accumulate_gradients(ddp, split_batch(x, y, micro_batches=k),
                              lambda m, a, b: F.mse_loss(m(a), b))
@@ -233,10 +233,13 @@ def test_no_sync_accumulation_reduces_once_and_equals_full_batch():
 def test_assign_buckets_reverse_order_cap_and_dtype():
     ps = [torch.zeros(10), torch.zeros(10), torch.zeros(30), torch.zeros(5, dtype=torch.float64),
           torch.zeros(5)]
-    # 40, 40, 120, 40 (f64), 20 bytes; cap 100: reverse order, a dtype change closes a bucket
+    # 40, 40, 120, 40 (f64), 20 bytes; cap 100: reverse order, a dtype change closes a bucket,
+    # and a bucket closes once it holds >= cap bytes (PyTorch's rule)
     assert assign_buckets(ps, 100) == [[4], [3], [2], [1, 0]]
     assert assign_buckets(ps[:2], 80) == [[1, 0]]
-    assert assign_buckets(ps[:2], 79) == [[1], [0]]
+    assert assign_buckets(ps[:2], 79) == [[1, 0]]
+    assert assign_buckets(ps[:2], 40) == [[1], [0]]
+    assert assign_buckets(ps[:3], 50) == [[2], [1, 0]]
     with pytest.raises(ValueError, match="cap_bytes"):
         assign_buckets(ps, 0)
 

@@ -3,7 +3,7 @@
 PyTorch DDP (Li et al., "PyTorch Distributed", VLDB 2020, section 3.2.3) does not all-reduce
 each gradient on its own: one all-reduce costs α + nβ (lesson 03), so a model with hundreds of
 small tensors would pay hundreds of α. It packs gradients into flat *buckets* of at most
-``bucket_cap_mb`` (default 25 MB) and all-reduces each bucket once. Buckets follow *reverse*
+about ``bucket_cap_mb`` (default 25 MB) and all-reduces each bucket once. Buckets follow *reverse*
 parameter order, because backward produces the last layer's gradients first: the first bucket
 fills (and can be sent) while the earlier layers are still computing theirs.
 
@@ -38,10 +38,12 @@ def bucket_cap_bytes(bucket_cap_mb: float) -> int:
 def assign_buckets(params: Sequence[Tensor], cap_bytes: int) -> list[list[int]]:
     """Group ``params`` (indices into the sequence) into buckets of at most ``cap_bytes``.
 
-    Walks the parameters in *reverse* order (the order backward makes their gradients) and
-    closes a bucket when adding the next parameter would pass the cap or change the dtype. A
-    parameter bigger than the cap is a bucket by itself. Returns the buckets in launch order,
-    each a list of indices in the order they were added.
+    Walks the parameters in *reverse* order (the order backward makes their gradients), adds
+    each to the open bucket, and closes the bucket as soon as it holds at least ``cap_bytes``
+    (PyTorch's rule in ``compute_bucket_assignment_by_size``: a bucket may pass the cap by its
+    last tensor, and a tensor bigger than the cap fills a bucket alone). A change of dtype also
+    closes a bucket. Returns the buckets in launch order, each a list of indices in the order
+    they were added.
 
         >>> w = [torch.zeros(100), torch.zeros(100), torch.zeros(300)]   # 400, 400, 1200 bytes
         >>> assign_buckets(w, cap_bytes=1000)
@@ -54,13 +56,15 @@ def assign_buckets(params: Sequence[Tensor], cap_bytes: int) -> list[list[int]]:
     size, dtype = 0, None
     for i in reversed(range(len(params))):
         p = params[i]
-        nbytes = p.numel() * p.element_size()
-        if current and (size + nbytes > cap_bytes or p.dtype != dtype):
+        if current and p.dtype != dtype:
             buckets.append(current)
             current, size = [], 0
         current.append(i)
-        size += nbytes
+        size += p.numel() * p.element_size()
         dtype = p.dtype
+        if size >= cap_bytes:
+            buckets.append(current)
+            current, size = [], 0
     if current:
         buckets.append(current)
     return buckets
