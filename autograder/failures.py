@@ -131,6 +131,10 @@ def classify(record: dict, module: str, log: str = "") -> tuple[str, str]:
     if exc == "PermissionError" and re.search(r"results\.json'?$", message):
         return "forged_results", (f"Rank {rank}{at} tried to write a results.json ({text}): "
                                   "the grader writes results.json itself.")
+    if exc == "PermissionError" and "[Errno 1]" in message:  # EPERM: not a file's access
+        return "sandbox_violation", (f"Rank {rank}{at}: {text}: the sandbox refused it "
+                                     "(signals to processes outside the sandbox, and other "
+                                     "privileged calls, are not allowed).")
     if exc == "PermissionError":
         return "sandbox_violation", (f"Rank {rank}{at}: {text}. Submissions may read only their "
                                      "own folder and write only in its tmp/ folder ($TMPDIR).")

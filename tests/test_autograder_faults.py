@@ -29,6 +29,7 @@ from autograder.grade import grade
 from autograder.lab import Lab, find_lab, load_lab
 from autograder.report import to_results_json, validate_results
 from autograder.sandbox.cgroup import PidsGroup
+from autograder.sandbox.landlock import abi_version as landlock_abi
 from autograder.sandbox.limits import Limits, sandbox_uid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -237,9 +238,31 @@ def test_fork_bomb_is_stopped_and_nothing_survives(lab01, tmp_path):
     assert not _survivors(tmp_path)
 
 
+def test_signals_cannot_leave_the_sandbox(lab01, tmp_path):
+    """Where the grade cannot get a uid of its own (root, an interpreter strangers may not run),
+    the ranks run as root: only Landlock's signal scope keeps kill() inside the sandbox."""
+    if landlock_abi() < 6:
+        pytest.skip("no Landlock signal scope (ABI < 6): the sandbox can signal its user's processes")
+    out = subprocess.run(["sh", "-c", "sleep 314.159 >/dev/null 2>&1 & echo $!"],
+                         capture_output=True, text=True, check=True).stdout
+    sentinel = psutil.Process(int(out))
+    try:
+        result, by_name, _ = run_fault(lab01, "signal_outside", ["ar", "tree"], tmp_path)
+        assert sentinel.is_running() and sentinel.status() != psutil.STATUS_ZOMBIE
+    finally:
+        sentinel.kill()
+        try:  # an orphan re-parented to this process (the runner makes it a subreaper)
+            os.waitpid(sentinel.pid, 0)
+        except ChildProcessError:
+            pass
+    assert_failed(by_name["ar"], "sandbox_violation", r"Operation not permitted",
+                  r"signals to processes outside")
+
+
 def test_every_fault_file_has_a_test():
     tested = set(CASES) | {"syntax_error", "forged_results_cwd", "forged_results_abs",
-                           "forged_results_tmp", "output_flood", "memory_creep", "fork_bomb"}
+                           "forged_results_tmp", "output_flood", "memory_creep", "fork_bomb",
+                           "signal_outside"}
     assert {p.stem for p in FAULTS.glob("*.py")} == tested
 
 

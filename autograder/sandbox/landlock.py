@@ -4,8 +4,10 @@ After `restrict(read=[...], write=[...])` the calling process, and every process
 afterwards, can read only below the `read` paths and write only below the `write` paths; any
 other open fails with PermissionError (EACCES). That is what keeps the reference solutions and
 hidden checks out of a submission's reach: they live in the lab's folder, which is in neither
-list (see `autograder.sandbox.limits.sandbox_paths`). It cannot be undone from inside: Landlock
-only ever adds restrictions, and ``no_new_privs`` (set first, as Landlock requires) stops setuid
+list (see `autograder.sandbox.limits.sandbox_paths`). From ABI 6 (Linux 6.12) it also cannot
+signal a process outside its domain (`kill` fails with EPERM): a grade running as root keeps
+its ranks from killing the host's processes. It cannot be undone from inside: Landlock only
+ever adds restrictions, and ``no_new_privs`` (set first, as Landlock requires) stops setuid
 programs from regaining anything.
 
 The kernel interface (Documentation/userspace-api/landlock.rst): create a ruleset naming the
@@ -32,6 +34,9 @@ REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR = 1 << 4, 1 << 5, 1 << 6, 1 << 7
 MAKE_REG, MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM = 1 << 8, 1 << 9, 1 << 10, 1 << 11, 1 << 12
 REFER, TRUNCATE = 1 << 13, 1 << 14          # ABI 2, ABI 3
 
+# Scopes (ABI 6, Linux 6.12): what a sandboxed process may not reach outside its own domain.
+SCOPE_SIGNAL = 1 << 1  # LANDLOCK_SCOPE_SIGNAL: no signals to processes outside the domain
+
 READ = EXECUTE | READ_FILE | READ_DIR
 WRITE = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK
          | MAKE_FIFO | MAKE_BLOCK | MAKE_SYM | REFER | TRUNCATE)
@@ -40,6 +45,11 @@ _FILE_ONLY = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE  # the rights a rule on
 
 class _RulesetAttr(ctypes.Structure):
     _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+
+
+class _RulesetAttrScoped(ctypes.Structure):  # ABI 6: the network rights (unused here), scopes
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
 
 
 class _PathBeneathAttr(ctypes.Structure):
@@ -86,7 +96,9 @@ def restrict(read: Iterable[str], write: Iterable[str], list_only: Iterable[str]
     if abi < 1:
         raise OSError("Landlock is not available on this kernel")
     libc, handled = _libc(), _supported(abi)
-    attr = _RulesetAttr(handled)
+    # From ABI 6 signals are scoped too: a rank (as root where no uid of its own could be
+    # given) could otherwise SIGKILL any process on the host, e.g. kill(-1, SIGKILL).
+    attr = _RulesetAttrScoped(handled, 0, SCOPE_SIGNAL) if abi >= 6 else _RulesetAttr(handled)
     ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
                            ctypes.c_uint32(0))
     if ruleset < 0:
