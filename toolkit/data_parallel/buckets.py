@@ -111,6 +111,9 @@ class Bucket:
         """Copy ``param.grad`` (zeros if it has none) into its slice; count it as ready."""
         if id(param) in self.packed:
             return
+        if param.grad is not None and param.grad.layout != torch.strided:
+            raise ValueError(f"Bucket: only dense gradients can be bucketed, got a "
+                             f"{param.grad.layout} gradient of shape {tuple(param.shape)}")
         if param.grad is None:
             self.view(param).zero_()
         else:
