@@ -1,0 +1,213 @@
+"""Lab 03's rank-side calls and inputs: how each check calls the student's code.
+
+Copied into the sandbox next to the student's file (as `_lab_harness`) and imported by the
+grader, so the model, the data and each rank's slice of the batch come from one place. Holds no
+answers: models are plain ``nn.Linear``/``nn.ReLU`` stacks built from a seed.
+
+A case is a dict: ``world_size``, ``seed``, ``dims`` (layer widths, e.g. [7, 5, 3]),
+``frozen`` (names of parameters with requires_grad=False), ``optimizer`` ("sgd" or "adam"),
+``steps``; for the bounds call, ``sizes`` (numel values).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BATCH = 12  # divisible by 1, 2, 3 and 4 ranks: every rank gets an equal slice
+
+
+class SGD:
+    """torch.optim.SGD's update (momentum buffer = grad on the first step, then
+    μ·buf + grad; p −= lr·buf) with its constructor and ``state``, but not its class: building a
+    torch optimizer imports torch._dynamo, seconds in every freshly forked rank. The grader's
+    reference trains with torch.optim itself, so any difference would show."""
+
+    def __init__(self, params, lr: float, momentum: float = 0.0) -> None:
+        self.params, self.lr, self.momentum = list(params), lr, momentum
+        self.state: dict = {}
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p in self.params:
+            if p.grad is None:
+                continue
+            d = p.grad
+            if self.momentum:
+                buf = self.state.get(p, {}).get("momentum_buffer")
+                buf = d.clone() if buf is None else buf.mul_(self.momentum).add_(d)
+                self.state[p] = {"momentum_buffer": buf}
+                d = buf
+            p.add_(d, alpha=-self.lr)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+
+class Adam(SGD):
+    """torch.optim.Adam's update (bias-corrected averages, ε added to √v̂), same caveat."""
+
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8) -> None:
+        super().__init__(params, lr)
+        self.betas, self.eps = betas, eps
+
+    @torch.no_grad()
+    def step(self) -> None:
+        b1, b2 = self.betas
+        for p in self.params:
+            if p.grad is None:
+                continue
+            st = self.state.setdefault(p, {"step": torch.tensor(0.0),
+                                           "exp_avg": torch.zeros_like(p),
+                                           "exp_avg_sq": torch.zeros_like(p)})
+            st["step"] += 1
+            t = float(st["step"])
+            st["exp_avg"].lerp_(p.grad, 1 - b1)
+            st["exp_avg_sq"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+            denom = (st["exp_avg_sq"].sqrt() / (1 - b2 ** t) ** 0.5).add_(self.eps)
+            p.addcdiv_(st["exp_avg"], denom, value=-self.lr / (1 - b1 ** t))
+
+
+# name -> (class the ranks use, torch class the grader's reference uses, options)
+OPTIMIZERS = {"sgd": (SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
+              "adam": (Adam, torch.optim.Adam, dict(lr=1e-2)),
+              "plain_sgd": (SGD, torch.optim.SGD, dict(lr=0.1))}  # FSDP: the shards' optimizer
+
+
+def make_model(case: dict) -> nn.Sequential:
+    """Linear layers of widths ``dims`` with ReLU between them, seeded; ``frozen`` names
+    (state-dict style, e.g. "0.bias") get requires_grad=False."""
+    torch.manual_seed(int(case.get("seed", 0)))
+    dims = case["dims"]
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        if i:
+            layers.append(nn.ReLU())
+        layers.append(nn.Linear(a, b))
+    model = nn.Sequential(*layers)
+    for name, p in model.named_parameters():
+        if name in case.get("frozen", ()):
+            p.requires_grad_(False)
+    return model
+
+
+def make_data(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + int(case.get("seed", 0)))
+    dims = case["dims"]
+    return torch.randn(BATCH, dims[0], generator=g), torch.randn(BATCH, dims[-1], generator=g)
+
+
+def local_batch(case: dict, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = make_data(case)
+    n = BATCH // world_size
+    return x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
+
+
+def make_inputs(case: dict, world_size: int) -> list:
+    """Every rank's slice of the batch (the grader rebuilds the model from the case)."""
+    if "dims" not in case:  # the pure functions' case: no model, no data
+        return [None] * world_size
+    return [local_batch(case, r, world_size) for r in range(world_size)]
+
+
+def _state_bytes(optimizer) -> int:
+    """Bytes of the optimizer's per-element state (distinct storages of tensors with at least
+    one dimension: momentum, Adam's averages; not its 0-dim step counters). -1: no optimizer."""
+    if not isinstance(getattr(optimizer, "state", None), dict):
+        return -1
+    seen = {}
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                storage = value.untyped_storage()
+                seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _bounds(student, rank, world_size, case):
+    out = []
+    for n in case["sizes"]:
+        for p in (1, 2, 3, 4):
+            rows = [[int(v) for v in student.shard_bounds(n, p, r)] for r in range(p)]
+            flat = student.flatten_padded([torch.arange(n, dtype=torch.float32)], p)
+            out.append({"numel": n, "world_size": p, "bounds": rows, "flat": flat})
+    return out
+
+
+def _zero(student, rank, world_size, case):
+    model = make_model(case)
+    optimizer_class, _, options = OPTIMIZERS[case.get("optimizer", "sgd")]
+    opt = student.ShardedOptimizer(model.parameters(), optimizer_class, **options)
+    x, y = local_batch(case, rank, world_size)
+    for _ in range(case.get("steps", 3)):
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "state_bytes": _state_bytes(getattr(opt, "optimizer", None))}
+
+
+def _fsdp_model(student, case, rank, world_size) -> nn.Sequential:
+    return nn.Sequential(*[student.FSDPLinear(m, world_size, rank) if isinstance(m, nn.Linear)
+                           else m for m in make_model(case)])
+
+
+def _held_after_forward(model: nn.Sequential, x: torch.Tensor, init: list[torch.Tensor]):
+    """Bytes of gathered parameters still alive after the first forward: a unit's ``full``
+    that was not released, and any tensor saved for backward holding a unit's full weight
+    (recognised by its values, known before training)."""
+    saved: list[torch.Tensor] = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+    held = {}
+    for unit, weight in zip((m for m in model if hasattr(m, "shard")), init):
+        full = getattr(unit, "full", None)
+        if isinstance(full, torch.Tensor) and full.untyped_storage().nbytes():
+            held[full.untyped_storage().data_ptr()] = full.untyped_storage().nbytes()
+        for t in saved:
+            flat = t.detach().reshape(-1)
+            if flat.numel() >= weight.numel() and t.dtype == weight.dtype and \
+                    torch.equal(flat[:weight.numel()], weight.reshape(-1)):
+                held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return out, sum(held.values())
+
+
+def _fsdp(student, rank, world_size, case):
+    model = _fsdp_model(student, case, rank, world_size)
+    units = [m for m in model if hasattr(m, "shard")]
+    init_shards = [u.shard.detach().clone() for u in units]
+    init = [m.weight.detach() for m in make_model(case) if isinstance(m, nn.Linear)]
+    opt = SGD([u.shard for u in units], **OPTIMIZERS["plain_sgd"][2])
+    x, y = local_batch(case, rank, world_size)
+    held = None
+    for step in range(case.get("steps", 2)):
+        opt.zero_grad()
+        if step == 0:
+            out, held = _held_after_forward(model, x, init)
+        else:
+            out = model(x)
+        F.mse_loss(out, y).backward()
+        opt.step()
+    return {"init_shards": init_shards, "shards": [u.shard.detach().clone() for u in units],
+            "held_after_forward": held}
+
+
+def _fsdp_state(student, rank, world_size, case):
+    model = _fsdp_model(student, case, rank, world_size)
+    units = [m for m in model if hasattr(m, "shard")]
+    opt = SGD([u.shard for u in units], **OPTIMIZERS["plain_sgd"][2])
+    x, y = local_batch(case, rank, world_size)
+    opt.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    opt.step()
+    return [u.full_state_dict() for u in units]
+
+
+CALLS = {"bounds": _bounds, "zero": _zero, "fsdp": _fsdp, "fsdp_state": _fsdp_state}
