@@ -126,6 +126,7 @@ def _train_rank(rank: int, world_size: int, model: TinyGPT, layout: Layout, glob
         _, comm = step()
         times.append(time.perf_counter() - t0)
         comms.append(comm)
+    dist.barrier()  # no rank exits while a peer may still talk to it
     return {"first_loss": first_loss, "times": times, "dp_comm": comms}
 
 
@@ -133,8 +134,9 @@ def run_layout(cfg: GPTConfig, layout: Layout, *, global_batch: int, steps: int 
                warmup: int = 1, timeout: float = 120) -> dict[str, float]:
     """Train `cfg` for `warmup` + `steps` steps on layout.world_size gloo ranks (module
     docstring). Returns ``step`` (seconds: per step the slowest rank, median over steps),
-    ``dp_comm`` (seconds in the gradient all-reduce, same reduction) and ``first_loss`` (the
-    loss of the first step averaged over dp replicas: equal for every layout of one model)."""
+    ``dp_comm`` (seconds in the gradient all-reduce: per step the *fastest* rank's, the one that
+    arrived last and so waited for no one, median over steps) and ``first_loss`` (the loss of
+    the first step averaged over dp replicas: equal for every layout of one model)."""
     if layout.pp != 1 or layout.cp != 1 or layout.zero != 0:
         raise ValueError(f"run_layout runs dp × tp with ZeRO 0 only, got {layout.label()}")
     if global_batch % (layout.dp * layout.micro_batches):
@@ -147,7 +149,9 @@ def run_layout(cfg: GPTConfig, layout: Layout, *, global_batch: int, steps: int 
     out = spawn(_train_rank, layout.world_size, TinyGPT(cfg), layout, global_batch, steps, warmup,
                 echo=False, timeout=timeout)
     slowest = [max(r["times"][k] for r in out) for k in range(steps)]
-    comm = [max(r["dp_comm"][k] for r in out) for k in range(steps)]
+    # A rank that finishes backward early waits inside the all-reduce for the others; the
+    # last to arrive measures the collective itself.
+    comm = [min(r["dp_comm"][k] for r in out) for k in range(steps)]
     heads = [out[layout.rank(dp=i)]["first_loss"] for i in range(layout.dp)]
     return {"step": statistics.median(slowest), "dp_comm": statistics.median(comm),
             "first_loss": sum(heads) / len(heads)}
