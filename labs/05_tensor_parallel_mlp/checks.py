@@ -84,22 +84,14 @@ def _shard(kind: str, full: torch.Tensor, name: str, rank: int, p: int) -> torch
 def expected(r: CaseResult, rank: int) -> dict:
     """What rank `rank` should return (the harness's keys), in the case's dtype."""
     dense, p, kind = _dense(r), r.world_size, r.case["kind"]
-    want = {}
-    if kind == "mlp":
-        want["y"], want["x_grad"] = dense["y"], dense["x.grad"]
-        for prefix, part in (("up.", "column"), ("down.", "row")):
-            for name in ("weight", "bias"):
-                if prefix + name in dense:
-                    want[prefix + name] = _shard(part, dense[prefix + name], name, rank, p)
-                    want[f"{prefix}{name}.grad"] = _shard(part, dense[f"{prefix}{name}.grad"],
-                                                          name, rank, p)
-    else:
-        want["y"] = _shard(kind, dense["y"], "y", rank, p)
-        want["x_grad"] = _shard(kind, dense["x.grad"], "x", rank, p)
-        for name in ("weight", "bias"):
-            if name in dense:
-                want[name] = _shard(kind, dense[name], name, rank, p)
-                want[f"{name}.grad"] = _shard(kind, dense[f"{name}.grad"], name, rank, p)
+    want = {"y": _shard(kind, dense["y"], "y", rank, p),
+            "x_grad": _shard(kind, dense["x.grad"], "x", rank, p)}
+    for prefix, part in ({"up.": "column", "down.": "row"} if kind == "mlp" else {"": kind}).items():
+        for key in (prefix + "weight", prefix + "bias"):
+            if key in dense:
+                name = key[len(prefix):]
+                want[key] = _shard(part, dense[key], name, rank, p)
+                want[key + ".grad"] = _shard(part, dense[key + ".grad"], name, rank, p)
     dtype = DTYPES[r.case["dtype"]]
     return {k: v.to(dtype) for k, v in want.items()}
 
@@ -118,8 +110,8 @@ def _shape_mistake(part: str, name: str, got, full: torch.Tensor, rank: int, p: 
             return ("the column-parallel bias is not sharded: rank r keeps only its out/p entries "
                     "(bias[r·out/p:(r+1)·out/p]), one for each output feature it computes")
         if part == "row" and got.numel() == full.numel() // p and got.numel() < full.numel():
-            return ("the row-parallel bias is split, but it is not: every rank keeps the whole "
-                    "bias and adds it once, after the all-reduce")
+            return ("the row-parallel bias was split, but it must not be: every rank keeps the "
+                    "whole bias and adds it once, after the all-reduce")
         return None
     right = _shard(part, full, "weight", rank, p)
     other = _shard("row" if part == "column" else "column", full, "weight", rank, p)
@@ -163,11 +155,18 @@ def _value_mistakes(r: CaseResult, rank: int, dense: dict) -> dict[str, list[tup
         if kind == "row":
             cols = _cols(dense["x"].shape[-1], rank, p)
             part = dense["x"][..., cols] @ dense["weight"][:, cols].t()
+            out["x_grad"] = [(p * dense["x.grad"][..., cols], f"{p}× too large: the input's "
+                              "gradient was all-reduced, but g's backward is the identity")]
             out.setdefault("y", []).extend(
                 [(part, "the output is only this rank's partial product: g must all-reduce it"),
                  (part + (0 if b is None else b), "the output is this rank's partial product "
                   "plus the bias: g must all-reduce the partial products (then add the bias)")])
     if kind == "mlp":
+        _, part_grad = _mlp_rank_part(dense, rank, p)
+        out.setdefault("y", []).extend(_mlp_misplaced(dense, rank, p))
+        out["x_grad"] = [(part_grad, "the input gradient is only this rank's part (through its "
+                          "own hidden units): f must all-reduce it in backward")]
+
         def dense_with(act):
             leaves = {k: dense[k] for k in ("x", "up.weight", "up.bias", "down.weight", "down.bias")
                       if k in dense}
@@ -182,12 +181,49 @@ def _value_mistakes(r: CaseResult, rank: int, dense: dict) -> dict[str, list[tup
     return out
 
 
+def _mlp_rank_part(dense: dict, rank: int, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank r's own share of the MLP, GELU(X·A_r)·B_r (no bias b₂), and the input gradient
+    through it alone (what a missing f leaves)."""
+    cols = _cols(dense["up.weight"].shape[0], rank, p)
+    x = dense["x"].clone().requires_grad_()
+    up_b = dense.get("up.bias")
+    hidden = F.linear(x, dense["up.weight"][cols], None if up_b is None else up_b[cols])
+    y = F.linear(F.gelu(hidden), dense["down.weight"][:, cols])
+    (y * dense["gy"]).sum().backward()
+    return y.detach(), x.grad
+
+
+def _mlp_misplaced(dense: dict, rank: int, p: int) -> list[tuple[torch.Tensor, str]]:
+    """MLP outputs of a misplaced all-reduce: on the column output, or f and g swapped."""
+    d = dense["up.weight"].shape[0]
+    up_b, b2 = dense.get("up.bias"), dense.get("down.bias")
+    hidden = F.linear(dense["x"], dense["up.weight"], up_b)
+    summed = sum(hidden[..., _cols(d, j, p)] for j in range(p))  # all-reduced column output
+    down_sum = sum(dense["down.weight"][:, _cols(d, j, p)] for j in range(p))
+    on_column = F.linear(F.gelu(summed), down_sum, b2)
+    cols = _cols(d, rank, p)
+    swapped = F.linear(F.gelu(F.linear(p * dense["x"], dense["up.weight"][cols],
+                                       None if up_b is None else up_b[cols])),
+                       dense["down.weight"][:, cols], b2)
+    return [(on_column, "the column-parallel output (the d_ff/p hidden features) was "
+             "all-reduced: those are different features, not partial sums; the only forward "
+             "all-reduce is g's, after the row-parallel layer"),
+            (swapped, "the output looks like f and g swapped: the input was summed over the "
+             "ranks (p·x) and the row-parallel partial products were not; f goes before the "
+             "column-parallel layer, g after the row-parallel one")]
+
+
 def diagnose(r: CaseResult, rank: int, key: str, got) -> str | None:
     """The usual mistake that explains `got` for `key` on `rank`, or None."""
     p, kind, dense = r.world_size, r.case["kind"], _dense(r)
     part, name = (kind, key) if kind != "mlp" else (
         ("column" if key.startswith("up.") else "row"), key.split(".", 1)[-1])
     dtype = DTYPES[r.case["dtype"]]
+    if name == "bias.grad" and part == "row" and (got is None or not got.abs().any()):
+        return ("the row-parallel bias gets no gradient on this rank: every rank must add its "
+                "copy of the bias (after the all-reduce), so every copy gets the gradient")
+    if not isinstance(got, torch.Tensor):
+        return None
     if name in ("weight", "bias") and key in dense:
         return _shape_mistake(part, name, got, dense[key].to(dtype), rank, p)
     for wrong, why in _value_mistakes(r, rank, dense).get(key, []):
@@ -196,24 +232,21 @@ def diagnose(r: CaseResult, rank: int, key: str, got) -> str | None:
     want = expected(r, rank)[key]
     if isinstance(got, torch.Tensor) and got.shape == want.shape and p > 1:
         if _like(got, want * p):
-            return f"{key} is {p}× too large: summed over the ranks once too often"
+            return f"{p}× too large: summed over the ranks once too often"
         if _like(got, want / p):
-            return f"{key} is {p}× too small: averaged instead of summed?"
-        if name == "bias.grad" and part == "row" and not got.abs().any():
-            return ("the row-parallel bias gets no gradient on this rank: every rank must add its "
-                    "copy of the bias (after the all-reduce), so every copy gets the gradient")
+            return f"{p}× too small: averaged instead of summed?"
     return None
 
 
 def _describe(got, want: torch.Tensor) -> str:
     if got is None:
-        return "is None (no gradient reached it: compute with the shard's nn.Parameter)"
+        return "None (no gradient reached it: compute with the shard's nn.Parameter)"
     if not isinstance(got, torch.Tensor):
-        return f"is a {type(got).__name__}, expected a tensor"
+        return f"a {type(got).__name__}, expected a tensor"
     if got.shape != want.shape:
-        return f"has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        return f"shape {tuple(got.shape)}, expected {tuple(want.shape)}"
     if got.dtype != want.dtype:
-        return f"has dtype {got.dtype}, expected {want.dtype}"
+        return f"dtype {got.dtype}, expected {want.dtype}"
     diff = (got.double() - want.double()).abs().reshape(-1)
     i = int(diff.argmax())
     return f"element {i} is {got.reshape(-1)[i].item():.6g}, expected {want.reshape(-1)[i].item():.6g}"
@@ -232,8 +265,8 @@ def compare(r: CaseResult, keys: tuple[str, ...], out_of=lambda o: o) -> Verdict
             got, want = got_all.get(key), want_all[key]
             if not close(got, want):
                 what = WHAT.get(key, key)
-                why = diagnose(r, rank, key, got) if isinstance(got, torch.Tensor) else None
-                return Verdict(False, f"{what} on rank {rank} " + (why or _describe(got, want))
+                why = diagnose(r, rank, key, got)
+                return Verdict(False, f"{what} on rank {rank}: " + (why or _describe(got, want))
                                + f" ({_label(r)})")
             if key == "y" and got_all.get("y_requires_grad") is False:
                 return Verdict(False, f"the output on rank {rank} does not require grad, so "
@@ -245,24 +278,28 @@ def compare(r: CaseResult, keys: tuple[str, ...], out_of=lambda o: o) -> Verdict
 def counts(r: CaseResult, piece: str, out_of=lambda o: o, *, check_bytes: bool = False) -> Verdict:
     """One all-reduce (and no other collective) where `PHASES` says, on every rank."""
     fwd_want, bwd_want = PHASES[piece]
-    hint = {("forward", 0): "nothing forward: f is the identity in forward (did you swap f and "
-                            "g, or all-reduce the column-parallel output?)",
-            ("forward", 1): "the one forward all-reduce is g's, summing the row-parallel "
-                            "partial products (f and g swapped, or a g missing?)",
-            ("backward", 0): "nothing backward: g's backward is the identity",
-            ("backward", 1): "the one backward all-reduce is f's, summing the input gradient"}
+    hint = {("forward", True): "one too many: f is the identity in forward, and a "
+                               "column-parallel output needs no all-reduce (its slices are "
+                               "different features, not partial sums)",
+            ("forward", False): "g must all-reduce the row-parallel partial products in forward",
+            ("backward", True): "one too many: g is the identity in backward",
+            ("backward", False): "f must all-reduce the input's gradient in backward"}
     for rank in range(r.world_size):
         o = out_of(r.outputs[rank])
         for phase, want in (("forward", fwd_want), ("backward", bwd_want)):
             rec = o.get("fwd" if phase == "forward" else "bwd") if isinstance(o, dict) else None
             if not isinstance(rec, dict):
-                return Verdict(False, f"rank {rank} did not get through {phase} ({_label(r)})")
+                why = ("its shards do not have the shapes README.md gives, so forward was not "
+                       "run (the from_dense check says more)" if isinstance(o, dict)
+                       and "y" not in o else "no gradient flowed back through it")
+                return Verdict(False, f"rank {rank} did not get through {phase}: {why} "
+                                      f"({_label(r)})")
             calls = {k: v for k, v in rec.get("calls", {}).items()}
             got = calls.get("all_reduce", 0)
             if got != want or set(calls) - {"all_reduce"}:
                 return Verdict(False, f"{piece.split('.')[-1]}: rank {rank} made {got} "
                                       f"all-reduce(s) in {phase}, expected {want}: "
-                                      f"{hint[(phase, want)]} ({_label(r)})")
+                                      f"{hint[(phase, got > want)]} ({_label(r)})")
             if check_bytes and want:
                 lead = 1
                 for n in r.case["shape"]:
@@ -332,6 +369,9 @@ def judge_mlp_memory(r: CaseResult) -> Verdict:
     c, p = r.case, r.world_size
     h, d = c["h"], c["d"]
     want = (h * d + d * c["bias"]) // p + d * h // p + h * c["bias"]
+    values = judge_mlp(r)
+    if not values.passed:
+        return values
     for rank, o in enumerate(r.outputs):
         if o.get("dense_touched"):
             return Verdict(False, f"rank {rank}'s parallel MLP sends gradients into the dense "
@@ -339,16 +379,19 @@ def judge_mlp_memory(r: CaseResult) -> Verdict:
         if o.get("numel") != want:
             return Verdict(False, f"rank {rank}'s ParallelMLP has {o.get('numel')} parameters; "
                                   f"its shard is (h·d + d)/p + d·h/p + h = {want} ({_label(r)})")
-    return judge_mlp(r)
+    return Verdict(True)
 
 
 CHECKS = [
     Check("copy_to_tp (f) and reduce_from_tp (g): values, gradients, one all-reduce each", 8,
           "fg", cases("fg", (2, 4), seed=0), judge_fg,
           about="f: identity forward, all-reduce backward; g: all-reduce forward, identity backward."),
-    Check("ColumnParallelLinear.from_dense: rank r keeps rows r·out/p… of weight and bias", 5,
-          "column", cases("column", (4,), h=8, d=16, seed=10) + cases("column", (4,), h=12, d=8, seed=11),
-          judge_shards),
+    Check("from_dense: a column shard keeps rows of weight and bias, a row shard columns", 5,
+          "shards", cases("column", (4,), h=8, d=16, seed=10) + cases("column", (4,), h=12, d=8,
+                                                                      seed=11)
+          + cases("row", (4,), h=16, d=8, seed=12) + cases("row", (4,), h=8, d=12, seed=13),
+          judge_shards, about="Only from_dense runs: rank r's weight and bias against the dense "
+                              "layer's slice r."),
     Check("ColumnParallelLinear: output slice, gradients, no all-reduce forward, one backward", 7,
           "column", cases("column", (2, 4), seed=20), judge_layer,
           about="Loss Σ y·gy over the rank's output features; x's gradient must be whole."),

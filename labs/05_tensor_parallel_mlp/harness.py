@@ -126,9 +126,30 @@ def _split(n: int, rank: int, world_size: int) -> slice:
     return slice(rank * step, (rank + 1) * step)
 
 
+def _shaped(layer, kind: str, out_f: int, in_f: int, p: int, bias: bool) -> bool:
+    """Whether `layer`'s shards have the shapes README.md specifies (column: weight (out/p, in),
+    bias (out/p,); row: weight (out, in/p), bias (out,)). Checked the same way on every rank,
+    so when they do not, every rank skips forward and the judge names the shard's mistake
+    instead of a matmul error."""
+    w_want = (out_f // p, in_f) if kind == "column" else (out_f, in_f // p)
+    b_want = (out_f // p if kind == "column" else out_f,) if bias else None
+    w, b = getattr(layer, "weight", None), getattr(layer, "bias", None)
+    return (isinstance(w, torch.Tensor) and tuple(w.shape) == w_want
+            and (tuple(b.shape) if isinstance(b, torch.Tensor) else None) == b_want)
+
+
+def _shards(student, rank, world_size, case):
+    """Only `from_dense` (no forward, no communication): this rank's weight and bias."""
+    i = make_inputs(case, world_size)[rank]
+    cls = {"column": student.ColumnParallelLinear, "row": student.RowParallelLinear}[case["kind"]]
+    return _params("", cls.from_dense(_linear(i["weight"], i.get("bias"))))
+
+
 def _column(student, rank, world_size, case):
     i = make_inputs(case, world_size)[rank]
     layer = student.ColumnParallelLinear.from_dense(_linear(i["weight"], i.get("bias")))
+    if not _shaped(layer, "column", case["d"], case["h"], world_size, "bias" in i):
+        return _params("", layer)
     # The loss Σ_r Σ y_r · gy[.., rank's features] is the dense Σ y · gy, split by features.
     out = _run(layer, i["x"], i["gy"][..., _split(i["gy"].shape[-1], rank, world_size)])
     return {**out, **_params("", layer)}
@@ -137,20 +158,28 @@ def _column(student, rank, world_size, case):
 def _row(student, rank, world_size, case):
     i = make_inputs(case, world_size)[rank]
     layer = student.RowParallelLinear.from_dense(_linear(i["weight"], i.get("bias")))
+    if not _shaped(layer, "row", case["d"], case["h"], world_size, "bias" in i):
+        return _params("", layer)
     x = i["x"][..., _split(i["x"].shape[-1], rank, world_size)]  # input arrives split
     return {**_run(layer, x, i["gy"]), **_params("", layer)}
 
 
 def _mlp(student, rank, world_size, case):
     i = make_inputs(case, world_size)[rank]
-    dense = DenseMLP(case.get("h", 8), case.get("d", 16), "up.bias" in i)
+    dense = DenseMLP(case["h"], case["d"], "up.bias" in i)
     dense.up_proj = _linear(i["up.weight"], i.get("up.bias"))
     dense.down_proj = _linear(i["down.weight"], i.get("down.bias"))
     mlp = student.ParallelMLP.from_dense(dense)
+    up, down = getattr(mlp, "up_proj", None), getattr(mlp, "down_proj", None)
+    h, d, bias = case["h"], case["d"], "up.bias" in i
+    shards = {**_params("up.", up), **_params("down.", down)}
+    if not (_shaped(up, "column", d, h, world_size, bias)
+            and _shaped(down, "row", h, d, world_size, bias)):
+        return shards
     out = _run(mlp, i["x"], i["gy"])
     params = sum(p.numel() for p in mlp.parameters()) if isinstance(mlp, nn.Module) else -1
-    return {**out, **_params("up.", getattr(mlp, "up_proj", None)),
-            **_params("down.", getattr(mlp, "down_proj", None)), "numel": params,
+    # Read after backward: a shard's gradient, and whether any reached the dense MLP.
+    return {**out, **_params("up.", up), **_params("down.", down), "numel": params,
             "dense_touched": any(p.grad is not None for p in dense.parameters())}
 
 
@@ -162,4 +191,4 @@ def _fg(student, rank, world_size, case):
     return {"f": f, "g": g}
 
 
-CALLS = {"fg": _fg, "column": _column, "row": _row, "mlp": _mlp}
+CALLS = {"fg": _fg, "shards": _shards, "column": _column, "row": _row, "mlp": _mlp}
