@@ -1,6 +1,6 @@
 """Gradient buckets: which parameters share one all-reduce, and the flat buffer they share.
 
-PyTorch DDP (Li et al., "PyTorch Distributed", VLDB 2020, section 3.2.3) does not all-reduce
+PyTorch DDP (Li et al., "PyTorch Distributed", VLDB 2020, section 3.2) does not all-reduce
 each gradient on its own: one all-reduce costs α + nβ (lesson 03), so a model with hundreds of
 small tensors would pay hundreds of α. It packs gradients into flat *buckets* of at most
 about ``bucket_cap_mb`` (default 25 MB) and all-reduces each bucket once. Buckets follow *reverse*
