@@ -206,10 +206,14 @@ def test_mesh_grid_draws_every_rank_once_coloured_by_node():
 def test_time_bars_stack_the_parts_of_the_fastest_feasible_rows():
     from toolkit.viz.planner import memory_time, predicted_measured, time_bars
     table = plan("gpt2-medium", DGX, global_batch=32)
-    fig = time_bars(table, top=5)
+    fig = time_bars(table, top=5, distinct=False)
     stacked = sum(np.asarray(t.x, dtype=float) for t in fig.data)
     assert list(fig.data[0].y) == list(table[table.fits].config.head(5))
     assert stacked == pytest.approx(list(table[table.fits].step.head(5)))
+    shapes = time_bars(table, top=5)  # one bar per dp × tp × pp × cp, each its fastest row
+    firsts = table[table.fits].groupby(["dp", "tp", "pp", "cp"], sort=False).head(1)
+    assert list(shapes.data[0].y) == list(firsts.config.head(5))
+    assert len(set(shapes.data[0].y)) == len(shapes.data[0].y)
     assert all("MFU" in a.text for a in fig.layout.annotations)
     pts = memory_time(table, memory_gib=80)
     assert sum(len(t.x) for t in pts.data) == len(table) and pts.layout.shapes[0].x0 == 80

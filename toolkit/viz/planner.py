@@ -6,7 +6,8 @@ measurement.
   runs of adjacent cells (split by context-parallel blocks), pipeline stages as panels side by
   side; colour = node (or stage), so a group that crosses a node boundary shows.
 * `time_bars`: stacked seconds per step (compute, TP, CP, PP sends, bubble, DP) of the first
-  rows of a `toolkit.planner.plan` table, MFU written at the end of each bar.
+  rows of a `toolkit.planner.plan` table (by default the fastest of each dp × tp × pp × cp
+  shape), MFU written at the end of each bar.
 * `memory_time`: every layout of the table as a point, memory per GPU against step time, the
   GPU's memory as a line: feasible layouts sit left of it.
 * `predicted_measured`: grouped bars of predicted and measured seconds per layout.
@@ -67,17 +68,26 @@ def mesh_grid(layout, *, gpus_per_node: int | None = None, max_ranks: int = 256)
     return fig
 
 
-def _feasible(table: pd.DataFrame, top: int) -> pd.DataFrame:
-    if not {"config", "fits", "step", "mfu", *PARTS} <= set(table.columns):
+SHAPE = ["dp", "tp", "pp", "cp"]
+
+
+def _feasible(table: pd.DataFrame, top: int, distinct: bool) -> pd.DataFrame:
+    if not {"config", "fits", "step", "mfu", *SHAPE, *PARTS} <= set(table.columns):
         raise ValueError("expected a toolkit.planner.plan table (columns config, fits, step, "
-                         "mfu and the time parts)")
-    return table[table.fits].head(top)
+                         "mfu, dp, tp, pp, cp and the time parts)")
+    rows = table[table.fits]
+    if distinct:  # the table is sorted: the first row of a shape is its fastest
+        rows = rows.drop_duplicates(subset=SHAPE, keep="first")
+    return rows.head(top)
 
 
-def time_bars(table: pd.DataFrame, *, top: int = 10, title: str | None = None) -> go.Figure:
-    """Stacked horizontal bars of the `top` fastest feasible rows: seconds per step by part
-    (`PARTS`), best on top, with MFU at the end of each bar."""
-    rows = _feasible(table, top)
+def time_bars(table: pd.DataFrame, *, top: int = 10, distinct: bool = True,
+              title: str | None = None) -> go.Figure:
+    """Stacked horizontal bars of the `top` fastest feasible rows of a (sorted) plan table:
+    seconds per step by part (`PARTS`), best on top, with MFU at the end of each bar.
+    `distinct`: only the fastest row of each dp × tp × pp × cp shape (ZeRO stages and
+    micro-batch counts of one shape often tie)."""
+    rows = _feasible(table, top, distinct)
     fig = go.Figure()
     labels = list(rows.config)
     for part, colour in PARTS.items():
@@ -90,7 +100,8 @@ def time_bars(table: pd.DataFrame, *, top: int = 10, title: str | None = None) -
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title_text="predicted seconds per step")
     fig.update_layout(barmode="stack", height=max(260, 28 * len(rows) + 120),
-                      title=title or f"the {len(rows)} fastest layouts that fit",
+                      title=title or f"the {len(rows)} fastest layouts that fit"
+                      + (" (fastest of each dp × tp × pp × cp)" if distinct else ""),
                       legend=dict(orientation="h", y=-0.2), margin=dict(l=170, r=60, t=50, b=40))
     return fig
 

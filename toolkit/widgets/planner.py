@@ -43,8 +43,9 @@ def _table_html(rows) -> str:
 
 def planner_view(*, model: str, cluster_name: str, gpus: int, global_batch: int,
                  recompute: bool = True, top: int = 8) -> tuple[go.Figure, str, str]:
-    """What the planner explorer shows: (figure of the `top` fastest feasible layouts, their
-    table as HTML, a verdict sentence). `recompute=False` leaves full recomputation out."""
+    """What the planner explorer shows: (figure of the fastest feasible layout of each of the
+    `top` fastest dp × tp × pp × cp shapes, their table as HTML, a verdict sentence).
+    `recompute=False` leaves full recomputation out."""
     base = cluster(cluster_name)  # a ValueError names the presets
     try:
         where = base.with_gpus(gpus)
@@ -67,7 +68,8 @@ def planner_view(*, model: str, cluster_name: str, gpus: int, global_batch: int,
     verdict = (f"{len(feasible)} of {len(table)} layouts fit; fastest: <b>"
                f"{html.escape(best.config)}</b>, {best.step:.3g} s per step, MFU "
                f"<b>{best.mfu:.0%}</b> (at an assumed 50 % of peak for the matmuls).")
-    return fig, _table_html(feasible.head(top)), verdict
+    shown = feasible.drop_duplicates(subset=["dp", "tp", "pp", "cp"]).head(top)  # as the chart
+    return fig, _table_html(shown), verdict
 
 
 class PlannerExplorer:
