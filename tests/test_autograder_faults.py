@@ -142,6 +142,8 @@ CASES = {
                        set()),
     "forge_observations": (["ar", "tree"], {"ar": "sandbox_violation"},
                            [r"Permission denied: 'observations\.jsonl'"], set()),
+    "root_capabilities": (["ar", "tree"], {"ar": "sandbox_violation"},
+                          [r"Operation not permitted: '.*owned-"], set()),
     "hidden_builtin": (["ar", "tree"], {"ar": "tampering"},
                        [r"bytes that no recorded message accounts for"], set()),
     # Recognised mistakes: partial scores, feedback that names the mistake.

@@ -8,7 +8,9 @@ Layers, each a backstop for the others (a grade must survive anything a submissi
   ignores it: so a grader running as root (Gradescope, a container) runs each submission as its
   own unused uid, which also makes the final sweep exact (kill every process of that uid) and
   keeps concurrent grades out of each other's files. Not root (a student's laptop): the limit
-  is the user's current task count plus `processes`.
+  is the user's current task count plus `processes`. Root that cannot hand out a uid (an
+  interpreter strangers may not run) keeps uid 0 but drops every capability
+  (`drop_capabilities`); Landlock's signal scope keeps its kill() inside the sandbox.
 * **Landlock** (`landlock.restrict`): reading only Python, the installed packages, `toolkit`'s
   launcher and recorder, and the submission's own working folder; writing only there. The lab's
   folder (reference solutions, hidden checks) and the grader's output folder are out of reach.
@@ -18,6 +20,7 @@ Layers, each a backstop for the others (a grade must survive anything a submissi
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 import sys
@@ -113,8 +116,37 @@ def preexec(limits: Limits, uid: int | None, group=None):
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
+        elif os.geteuid() == 0:
+            drop_capabilities()
 
     return apply
+
+
+_PR_CAPBSET_DROP = 24
+_CAPABILITY_VERSION_3 = 0x20080522  # linux/capability.h: two 32-bit words per set
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities() -> None:
+    """Give up every capability, for this process and whatever it executes (capabilities(7)):
+    a grade that stays uid 0 (no uid of its own could be given) must not keep root's powers to
+    reboot, mount, load modules, chown, open raw sockets or trace other processes. The
+    bounding set goes first (so that exec as uid 0 cannot regain any), then the process's own
+    sets. Files stay reachable as uid 0's by their permission bits."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in range(64):  # EINVAL past the kernel's last capability: nothing to drop
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+    data = (_CapData * 2)()
+    if libc.capset(ctypes.byref(_CapHeader(_CAPABILITY_VERSION_3, 0)), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset: could not drop the capabilities")
 
 
 def sandbox_paths(workdir: Path, toolkit_modules=()) -> tuple[list[str], list[str], list[str]]:
@@ -140,4 +172,4 @@ def sandbox_paths(workdir: Path, toolkit_modules=()) -> tuple[list[str], list[st
     return sorted(read), write, list_only
 
 
-__all__ = ["Limits", "MB", "preexec", "sandbox_paths", "sandbox_uid"]
+__all__ = ["Limits", "MB", "drop_capabilities", "preexec", "sandbox_paths", "sandbox_uid"]
