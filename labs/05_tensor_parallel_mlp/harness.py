@@ -7,8 +7,9 @@ layer, asks the student's `from_dense` for this rank's shard, runs forward and b
 seeded upstream gradient, and returns the shard, the output, every gradient and the number of
 each collective, counted separately in forward and in backward (nested `comm.recording()`).
 
-A case is a dict: ``world_size``, ``kind`` (the call: "fg", "column", "row" or "mlp"), ``h`` (input width), ``d`` (the output width of a layer, or
-d_ff of an MLP), ``shape`` (the leading dimensions of the input, e.g. [2, 4] for batch ×
+A case is a dict: ``world_size``, ``kind`` ("fg", "column", "row" or "mlp": which layer, also
+for the "shards" call), ``h`` (input width), ``d`` (the output width of a layer, or d_ff of an
+MLP), ``shape`` (the leading dimensions of the input, e.g. [2, 4] for batch ×
 sequence), ``bias``, ``dtype`` and ``seed``.
 """
 
@@ -24,7 +25,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 class DenseMLP(nn.Module):
-    """The unsplit MLP the checks shard: GELU(x·up_projᵀ + b₁)·down_projᵀ + b₂, h -> d_ff -> h
+    """The unsplit MLP the checks shard: GELU(x·up_projᵀ + b₁)·down_projᵀ + b₂, h → d_ff → h
     (the same layout as TinyGPT's MLP in `toolkit.models`)."""
 
     def __init__(self, h: int, d_ff: int, bias: bool = True) -> None:
@@ -177,10 +178,22 @@ def _mlp(student, rank, world_size, case):
             and _shaped(down, "row", h, d, world_size, bias)):
         return shards
     out = _run(mlp, i["x"], i["gy"])
-    params = sum(p.numel() for p in mlp.parameters()) if isinstance(mlp, nn.Module) else -1
+    held = _held(mlp) if isinstance(mlp, nn.Module) else -1
     # Read after backward: a shard's gradient, and whether any reached the dense MLP.
-    return {**out, **_params("up.", up), **_params("down.", down), "numel": params,
+    return {**out, **_params("up.", up), **_params("down.", down), "numel": held,
             "dense_touched": any(p.grad is not None for p in dense.parameters())}
+
+
+def _held(module: nn.Module) -> int:
+    """Elements of every tensor `module` keeps: parameters, buffers and plain tensor attributes
+    of it and its submodules, each tensor counted once (a kept copy of the dense MLP shows)."""
+    seen, total = set(), 0
+    for m in module.modules():
+        for t in [*m._parameters.values(), *m._buffers.values(), *vars(m).values()]:
+            if isinstance(t, torch.Tensor) and id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel()
+    return total
 
 
 def _fg(student, rank, world_size, case):

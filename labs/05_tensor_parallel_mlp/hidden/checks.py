@@ -33,7 +33,7 @@ CHECKS = [
           "mlp", cases("mlp", (4,), ((2, 4),), h=6, d=24, seed=160)
           + cases("mlp", (4,), ((4, 8),), h=32, d=128, dtype="float64", seed=170),
           visible.judge_mlp_traffic),
-    Check("ParallelMLP: each rank holds only its shard ((h·d + d)/p + d·h/p + h parameters)", 10,
+    Check("ParallelMLP: each rank holds only its shard ((h·d + d)/p + d·h/p + h elements)", 10,
           "mlp", cases("mlp", (2,), h=8, d=32, seed=180) + cases("mlp", (2,), h=8, d=32,
                                                                   bias=False, seed=185),
           visible.judge_mlp_memory),
