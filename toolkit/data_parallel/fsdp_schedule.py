@@ -25,6 +25,7 @@ from ..cost import AlphaBeta, bytes_sent_per_rank, predict
 
 KINDS = ("all-gather", "forward", "backward", "reduce-scatter")
 _RING = {"all_gather_into_tensor": "all_gather", "all_gather": "all_gather",
+         "all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
          "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter": "reduce_scatter",
          "all_reduce": "all_reduce"}
 
