@@ -238,6 +238,11 @@ def judge_fsdp_traffic(r: CaseResult) -> Verdict:
         return values
     steps, units = r.case.get("steps", 2), len(r.case["dims"]) - 1
     for rank, (out, t) in enumerate(zip(r.outputs, r.traffic)):
+        held = out.get("held_after_forward")
+        if held:
+            return Verdict(False, f"rank {rank} still held {held:,} bytes of gathered parameters "
+                                  "after forward: release them right after use (and save only x "
+                                  "for backward, which gathers the weight again)")
         calls = t.get("calls") or {}
         if calls.get("all_reduce"):
             return Verdict(False, f"rank {rank} called all_reduce: FSDP reduce-scatters the "
@@ -249,11 +254,6 @@ def judge_fsdp_traffic(r: CaseResult) -> Verdict:
             return Verdict(False, f"rank {rank} made {got} calls for {units} units × {steps} "
                                   f"steps; expected an all-gather in forward and one in backward "
                                   f"and a reduce-scatter per unit and step: {want}")
-        held = out.get("held_after_forward")
-        if held:
-            return Verdict(False, f"rank {rank} still held {held:,} bytes of gathered parameters "
-                                  "after forward: release them right after use (and save only x "
-                                  "for backward, which gathers the weight again)")
     return Verdict(True)
 
 
