@@ -121,13 +121,18 @@ def _value_mistakes(r: CaseResult, rank: int,
                      "output features, not partial sums, so it needs no communication in forward"),
                     (mine(p * dense["x"]), "the input was all-reduced in forward: f is the "
                      "identity in forward and all-reduces in backward (f and g swapped?)")]
+        if b is not None:
+            out["y"].append((F.linear(dense["x"], w[rows]), "the bias is missing: add this "
+                             "rank's slice of it to this rank's output features"))
         out["x_grad"] = [(dense["gy"][..., rows] @ w[rows], "the input gradient is only this "
                           "rank's part dL/dY_r·A_rᵀ: f must all-reduce it in backward")]
     if kind in ("row", "mlp"):
         b = dense.get("bias" if kind == "row" else "down.bias")
         if b is not None:
             out["y"] = [(y + (p - 1) * b, f"the row-parallel bias counts {p} times: it was added "
-                         "on every rank before the all-reduce; add it once, after g")]
+                         "on every rank before the all-reduce; add it once, after g"),
+                        (y - b, "the row-parallel bias is missing on this rank: every rank adds "
+                         "the whole bias once, after the all-reduce")]
         if kind == "row":
             cols = _cols(dense["x"].shape[-1], rank, p)
             part = dense["x"][..., cols] @ dense["weight"][:, cols].t()
