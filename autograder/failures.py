@@ -28,6 +28,7 @@ KINDS = {
     "memory_limit": "used more memory than allowed",
     "process_limit": "started too many processes or threads",
     "output_limit": "printed more output than allowed",
+    "disk_limit": "wrote more data to files than allowed",
     "wall_limit": "the whole grade ran out of time",
     "sandbox_violation": "touched a file outside its own folder",
     "tampering": "changed torch.distributed or the grader's instruments",

@@ -46,7 +46,8 @@ class RunResult:
     sandbox: str = "none"
     """How the run was confined, e.g. "landlock v7, uid 201234, pids cgroup"."""
     limit: str | None = None
-    """Which limit ended the run early: wall_limit, memory_limit, process_limit, output_limit."""
+    """Which limit ended the run early: wall_limit, memory_limit, process_limit, output_limit,
+    disk_limit."""
     limit_detail: str = ""
     seconds: float = 0.0
     exit_code: int | None = None
@@ -132,6 +133,30 @@ def _reap() -> None:
             return
 
 
+MAX_FILES = 10_000  # files a run may leave in tmp/: counting them each poll must stay cheap
+
+
+def _disk(folder: Path) -> tuple[int, int]:
+    """(bytes on disk, files) below `folder`, counting at most MAX_FILES + 1 files."""
+    used = files = 0
+    stack = [str(folder)]
+    while stack and files <= MAX_FILES:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                else:
+                    files += 1
+                    used += entry.stat(follow_symlinks=False).st_blocks * 512
+            except OSError:
+                pass
+    return used, files
+
+
 def _pump(stream, sink: bytearray, cap: int) -> None:
     while chunk := stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536):
         if len(sink) < cap:
@@ -193,12 +218,16 @@ def _watch(proc, group, workdir: Path, limits: Limits, start: float, result: Run
            ranks: int = 1) -> None:
     """Poll until the supervisor ends or a limit is passed (`result.limit` says which).
     `ranks`: the most ranks a group runs; with the supervisor, the processes a run needs."""
+    polls = 0
     while proc.poll() is None:
         elapsed = time.monotonic() - start
         procs = _tree(proc.pid, group)
         rss, tasks = _measure(procs)
         printed = sum(f.stat().st_size for f in (workdir / "logs").glob("*.log")) \
             if (workdir / "logs").is_dir() else 0
+        # Files in tmp/ (every 0.25 s): RLIMIT_FSIZE caps one file, not a thousand of them.
+        disk, files = _disk(workdir / "tmp") if polls % 5 == 0 else (0, 0)
+        polls += 1
         if elapsed > limits.wall_s:
             result.limit, result.limit_detail = "wall_limit", f"ran for over {limits.wall_s:g} s"
         # Processes before memory: each forked copy counts its shared pages again in the
@@ -216,6 +245,10 @@ def _watch(proc, group, workdir: Path, limits: Limits, start: float, result: Run
             result.limit = "memory_limit"
             result.limit_detail = (f"the ranks held {rss / MB:,.0f} MiB together; the limit is "
                                    f"{limits.total_memory_mb:,} MiB")
+        elif disk > limits.disk_mb * MB or files > MAX_FILES:
+            result.limit = "disk_limit"
+            result.limit_detail = (f"wrote {disk / MB:,.0f} MiB in {files:,} files to disk; the "
+                                   f"limits are {limits.disk_mb:g} MiB and {MAX_FILES:,} files")
         elif printed > limits.output_mb * MB:
             result.limit = "output_limit"
             result.limit_detail = (f"printed {printed / MB:,.1f} MiB; the limit is "

@@ -223,6 +223,13 @@ def test_memory_creep_is_stopped_by_the_watchdog(lab01, tmp_path):
     assert_failed(by_name["ar"], "memory_limit", r"the limit is 1,200 MiB")
 
 
+def test_disk_bomb_is_stopped_by_the_watchdog(lab01, tmp_path):
+    """Files of 16 MiB without end, each under RLIMIT_FSIZE: the watchdog sums tmp/."""
+    limits = dataclasses.replace(LIMITS, disk_mb=64)
+    result, by_name, _ = run_fault(lab01, "disk_bomb", ["ar"], tmp_path, limits=limits)
+    assert_failed(by_name["ar"], "disk_limit", r"the limits are 64 MiB")
+
+
 def _pids_capped() -> bool:
     """A fork bomb is bounded: a pids cgroup, or RLIMIT_NPROC that applies (not plain root)."""
     group = PidsGroup.create(f"autograder-probe-{os.getpid()}", 8)
@@ -271,7 +278,7 @@ def test_values_without_communication_get_no_points(lab01, tmp_path):
 def test_every_fault_file_has_a_test():
     tested = set(CASES) | {"syntax_error", "forged_results_cwd", "forged_results_abs",
                            "forged_results_tmp", "output_flood", "memory_creep", "fork_bomb",
-                           "signal_outside", "recompute_from_seed"}
+                           "signal_outside", "recompute_from_seed", "disk_bomb"}
     assert {p.stem for p in FAULTS.glob("*.py")} == tested
 
 

@@ -50,10 +50,13 @@ class Limits:
     """Largest file a process may write, MiB."""
     output_mb: float = 4.0
     """Bytes of stdout + stderr kept from the sandbox, MiB; more ends the grade (output_limit)."""
+    disk_mb: float = 256.0
+    """Bytes of files in the working folder's tmp/ (the one place a rank may write), MiB, checked
+    by the watchdog; more ends the grade (disk_limit): file_mb caps one file, not how many."""
 
     def __post_init__(self) -> None:
         for name in ("wall_s", "memory_mb", "total_memory_mb", "processes", "cpu_s", "file_mb",
-                     "output_mb"):
+                     "output_mb", "disk_mb"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Limits({name}=...) must be a positive number, got {value!r}")
