@@ -4,7 +4,8 @@ One idea per module (see docs/architecture.md): `launch` starts ranks, `comm` re
 send, `models` holds the tiny models everyone shares, `viz` draws, and later modules build the
 algorithms (collectives, data/pipeline/tensor parallel) on top. `context_parallel` splits the
 sequence (ring attention, Ulysses), `recompute` trades compute for activation memory, `flops`
-counts FLOPs and MFU/HFU, `memory` computes training memory per ZeRO stage.
+counts FLOPs and MFU/HFU, `memory` computes training memory per ZeRO stage, `planner` predicts memory per
+GPU and step time of dp × tp × pp × cp layouts on a cluster and ranks them.
 """
 
 __version__ = "0.1.0"

@@ -12,6 +12,8 @@
     viz.predicted_times(p, link)        # the model's time per algorithm, switch points marked
     viz.gantt(run.table)                # a pipeline step, one row per stage (toolkit.pipeline)
     viz.gantt_compare(measured, ideal)  # a real run above its simulated ideal
+    viz.mesh_grid(layout, gpus_per_node=8)  # a dp×tp×pp(×cp) layout's ranks as a grid
+    viz.time_bars(planner.plan(...))    # where the fastest layouts' step time goes
     viz.stage_bars(7.5e9, 64)           # model states per device for ZeRO stages 0-3
     viz.matmul_split("column", p)       # Y = X·A split over p ranks, every block's shape
     viz.tp_time_view(hidden=h, tp=8, tokens=n, bandwidth_gbs=50)  # TP all-reduces vs compute
@@ -21,12 +23,14 @@ No function here starts processes or holds widgets; `toolkit.widgets` wires slid
 
 from .cost import bus_bandwidth, cost_curves, cost_terms, predicted_times, traffic_and_rounds
 from .pipeline import gantt, gantt_compare
+from .planner import memory_time, mesh_grid, predicted_measured, time_bars
 from .memory import measured_vs_predicted, memory_bars, stage_bars
 from .ring import ring_animation, ring_table
 from .tensor_parallel import matmul_split, tp_time_view, traffic_bars
 from .timeline import timeline, traffic_matrix
 
 __all__ = ["bus_bandwidth", "cost_curves", "cost_terms", "gantt", "gantt_compare", "matmul_split", "measured_vs_predicted",
-           "memory_bars", "predicted_times", "stage_bars",
+           "memory_bars", "memory_time", "mesh_grid", "predicted_measured", "predicted_times",
+           "stage_bars", "time_bars",
            "ring_animation", "ring_table", "timeline", "tp_time_view", "traffic_and_rounds",
            "traffic_bars", "traffic_matrix"]

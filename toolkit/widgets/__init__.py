@@ -3,6 +3,8 @@
     from toolkit import widgets
     widgets.cost_explorer(fit.link, p=64)    # last line of a cell: sliders, a verdict, a figure
     widgets.pipeline_explorer(p=4, m=8)      # schedule, p, m, v, t_b/t_f: Gantt, bubble vs formula
+    widgets.tp_explorer()                    # lesson 08: TP all-reduces vs compute per link
+    widgets.planner_explorer("gpt3-175b", gpus=1024, global_batch=1536)  # lesson 09
 
 One module per explorer (`cost`, `memory`, `pipeline`, ...), each a thin shell: one pure function maps slider values
 to what is shown and is tested without a browser; the explorer object only holds the sliders and
@@ -12,11 +14,14 @@ puts that function's output into an `Output` area on every change (`base.plotly_
 from .base import plotly_bundle
 from .memory import MemoryExplorer, memory_explorer, memory_view
 from .pipeline import PipelineExplorer, pipeline_explorer, pipeline_view
+from .planner import PlannerExplorer, planner_explorer, planner_view
+from .tensor_parallel import TPExplorer, tp_explorer
 from .cost import (
     ALPHA_US, BANDWIDTH_GBS, DEFAULT_LINK, P_CHOICES, SIZE_CHOICES, CostExplorer, cost_explorer,
     cost_view,
 )
 
 __all__ = ["ALPHA_US", "BANDWIDTH_GBS", "DEFAULT_LINK", "P_CHOICES", "SIZE_CHOICES",
-           "CostExplorer", "MemoryExplorer", "PipelineExplorer", "cost_explorer", "cost_view",
-           "memory_explorer", "memory_view", "pipeline_explorer", "pipeline_view", "plotly_bundle"]
+           "CostExplorer", "MemoryExplorer", "PipelineExplorer", "PlannerExplorer", "TPExplorer",
+           "cost_explorer", "cost_view", "memory_explorer", "memory_view", "pipeline_explorer",
+           "pipeline_view", "planner_explorer", "planner_view", "plotly_bundle", "tp_explorer"]
