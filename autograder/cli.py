@@ -13,6 +13,7 @@ grader itself failed (a results.json is still written where one was asked for).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -166,6 +167,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    # Grading is CPU-only by design (docs/grading.md): judges that run toolkit code on ranks
+    # (lab 04's pipeline) must pick gloo too, so hide GPUs before torch looks for them.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     try:
         return args.run(args)
     except (ValueError, FileExistsError) as err:

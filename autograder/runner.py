@@ -185,7 +185,10 @@ def run_sandboxed(workdir: Path, job: dict, limits: Limits, *, landlock: bool = 
             os.chown(path, uid, uid)
     os.chmod(workdir, 0o700)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir),
-           "TMPDIR": str(workdir / "tmp"), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
+           "TMPDIR": str(workdir / "tmp"), "OMP_NUM_THREADS": "1",
+           # Labs are graded on CPU ranks (gloo) wherever the grader runs: a result must not
+           # depend on the hardware, and a GPU node's NCCL would refuse the labs' CPU tensors.
+           "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8"}
     start = time.monotonic()
     proc = subprocess.Popen(

@@ -56,7 +56,7 @@ def run_group(job: dict, group: dict) -> dict:
     record = {"group": group["id"]}
     try:
         results = spawn(in_rank, group["world_size"], job, group, timeout=group["timeout"],
-                        echo=False, trusted=False)
+                        echo=False, trusted=False, backend="gloo")
     except SpawnTimeout as err:
         record.update(status="timeout", timeout=err.timeout, finished=err.finished,
                       stuck={str(r): _tail(w, 3000) for r, w in err.stuck.items()})
