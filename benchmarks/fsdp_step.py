@@ -54,7 +54,8 @@ def _wrap(name: str, model: TinyMLP) -> torch.nn.Module:
     return FullyShardedDataParallel(model, prefetch=name == "ours + prefetch")
 
 
-def _steps(model: torch.nn.Module, opt: torch.optim.Optimizer, x, y, n: int) -> tuple[list[float], float]:
+def _steps(model: torch.nn.Module, opt: torch.optim.Optimizer, x, y,
+           n: int) -> tuple[list[float], float]:
     times, loss = [], float("nan")
     for _ in range(n):
         dist.barrier()

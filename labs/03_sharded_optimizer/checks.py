@@ -11,7 +11,6 @@ reduce-scatters its gradient once per step.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import torch
@@ -95,7 +94,8 @@ def judge_bounds(r: CaseResult) -> Verdict:
         flat = torch.zeros(p * size)
         flat[:n] = torch.arange(n, dtype=torch.float32)
         got = row["flat"]
-        if not isinstance(got, torch.Tensor) or got.shape != flat.shape or not torch.equal(got, flat):
+        if not (isinstance(got, torch.Tensor) and got.shape == flat.shape
+                and torch.equal(got, flat)):
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             return Verdict(False, f"flatten_padded([arange({n})], {p}) gave {shape}, expected "
                                   f"{p}·⌈{n}/{p}⌉ = {p * size} elements: the values, then zeros")
@@ -107,7 +107,8 @@ def judge_bounds(r: CaseResult) -> Verdict:
 def judge_zero(r: CaseResult) -> Verdict:
     opt, steps = r.case.get("optimizer", "sgd"), r.case.get("steps", 3)
     outputs = [o.get("params") if isinstance(o, dict) else None for o in r.outputs]
-    want = {k: v.detach() for k, v in reference(r.case, steps=steps, optimizer=opt).state_dict().items()}
+    model = reference(r.case, steps=steps, optimizer=opt)
+    want = {k: v.detach() for k, v in model.state_dict().items()}
     bad = _mismatch(outputs, want)
     if bad is None:
         return Verdict(True)

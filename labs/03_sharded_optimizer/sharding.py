@@ -142,7 +142,7 @@ class FSDPLinear(nn.Module):
         bias = self.full[n_weight:n_weight + self.out_features]
         return weight, bias
         ### END SOLUTION
-        ### HINT: all_gather_into_tensor(output, input) puts rank r's input at output[r·S:(r+1)·S].
+        ### HINT: all_gather_into_tensor(out, shard) puts rank r's shard at out[r·S:(r+1)·S].
 
     def release_params(self) -> None:
         """Free the gathered parameters: only the shard stays."""

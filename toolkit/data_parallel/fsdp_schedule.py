@@ -10,9 +10,9 @@ a ring all-gather or reduce-scatter of n bytes over p ranks takes (p−1)α + (p
 
 Communication runs on one stream, computation on another. Without prefetch, every collective
 waits for the compute before it and the compute waits for it: nothing overlaps. With prefetch
-(Zhao et al., "PyTorch FSDP", VLDB 2023, §3.3.2 "backward/forward prefetching") the next
-unit's all-gather is issued when the current unit starts computing, so it runs while that unit
-computes; the price is one more gathered unit alive (2B instead of B). The reduce-scatter is
+(Zhao et al., "PyTorch FSDP", VLDB 2023, §3.3.2-3.3.3, backward and forward prefetching) the
+next unit's all-gather is issued when the current unit starts computing, so it runs while that
+unit computes; the price is one more gathered unit alive (2B instead of B). The reduce-scatter is
 blocking, as in `FullyShardedDataParallel`: the next backward waits for it.
 """
 
