@@ -1,0 +1,130 @@
+"""toolkit.viz.ddp and toolkit.widgets.ddp: lesson 04's figures, pure models and explorer.
+
+The α-β step model is checked against the formula by hand, the staleness simulation against the
+closed-form stability bound of delayed gradient descent, the overlap timeline against a
+hand-made trace. No ranks are started.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ipywidgets as W
+import plotly.graph_objects as go
+import pytest
+
+from toolkit.comm.events import Event
+from toolkit.cost import AlphaBeta
+from toolkit.viz.ddp import dp_step_time, overlap_timeline, scaling_figure, scaling_table, stale_sgd
+from toolkit.widgets.ddp import SliderExplorer
+
+LINK = AlphaBeta(alpha=100e-6, beta=1e-9)
+
+
+def _event(rank: int, seq: int, start: float, end: float | None, nbytes: int = 4096) -> Event:
+    return Event(rank=rank, seq=seq, op="all_reduce", peer=None, nbytes=nbytes, dtype="float32",
+                 shape=(nbytes // 4,), start=start, end=end, async_op=True)
+
+
+def test_dp_step_time_matches_the_ring_formula_by_hand():
+    n, p = 8e6, 4
+    t = dp_step_time(p, batch=64, seconds_per_item=1e-3, grad_bytes=n, link=LINK)
+    comm = 2 * (p - 1) * LINK.alpha + 2 * (p - 1) / p * n * LINK.beta
+    assert t["compute"] == pytest.approx(16e-3)
+    assert t["comm"] == pytest.approx(comm)
+    assert t["total"] == pytest.approx(16e-3 + comm)
+    # One rank: no communication at all; uneven split: the slowest rank's ⌈B/p⌉ items.
+    assert dp_step_time(1, batch=64, seconds_per_item=1e-3, grad_bytes=n, link=LINK)["comm"] == 0
+    assert dp_step_time(3, batch=64, seconds_per_item=1e-3, grad_bytes=n,
+                        link=LINK)["compute"] == pytest.approx(22e-3)
+
+
+def test_overlap_hides_at_most_the_compute():
+    full = dp_step_time(2, batch=4, seconds_per_item=1e-4, grad_bytes=1e8, link=LINK, overlap=1.0)
+    assert full["exposed comm"] == pytest.approx(full["comm"] - full["compute"])
+    half = dp_step_time(2, batch=4096, seconds_per_item=1e-3, grad_bytes=1e6, link=LINK, overlap=0.5)
+    assert half["exposed comm"] == pytest.approx(0.5 * half["comm"])
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(p=0), "p must be an int"), (dict(p=True), "p must be an int"), (dict(p=65), "P <= B"),
+    (dict(batch=0), "batch must be"), (dict(overlap=1.5), "overlap must be"),
+    (dict(seconds_per_item=0.0), "seconds_per_item must be")])
+def test_dp_step_time_rejects_bad_arguments(bad, message):
+    kwargs = dict(p=2, batch=64, seconds_per_item=1e-3, grad_bytes=1e6, link=LINK) | bad
+    with pytest.raises(ValueError, match=message):
+        dp_step_time(**kwargs)
+
+
+def test_scaling_table_efficiency_falls_and_stops_at_the_batch():
+    rows = scaling_table([1, 2, 4, 8, 16, 32, 64], batch=16, seconds_per_item=1e-3,
+                         grad_bytes=4e6, link=LINK)
+    assert [r["p"] for r in rows] == [1, 2, 4, 8, 16]            # P <= B
+    eff = [r["efficiency"] for r in rows]
+    assert eff[0] == pytest.approx(1.0)
+    assert all(a > b for a, b in zip(eff, eff[1:]))
+    assert rows[-1]["items per rank"] == 1
+    fig = scaling_figure(rows)
+    assert [len(t.x) for t in fig.data] == [5, 5, 5]
+    assert list(fig.data[2].y) == pytest.approx(eff)
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 4])
+def test_stale_sgd_follows_the_delay_stability_bound(k):
+    bound = 2 * math.sin(math.pi / (2 * (2 * k + 1)))   # lr·h at the edge (Levin & May 1976)
+    below = stale_sgd(k, lr=0.95 * bound, steps=3000, curvatures=(1.0,))
+    above = stale_sgd(k, lr=1.05 * bound, steps=3000, curvatures=(1.0,))
+    assert below[-1] < 1e-6 and above[-1] > 1e3
+    assert len(below) == 3001 and below[0] == pytest.approx(0.5)
+
+
+def test_stale_sgd_k0_is_gradient_descent_and_diverges_to_inf():
+    lr, h = 0.1, (1.0, 10.0)
+    losses = stale_sgd(0, lr=lr, steps=3, curvatures=h, start=(1.0, 2.0))
+    w = [1.0, 2.0]
+    for t in range(1, 4):
+        w = [wi * (1 - lr * hi) for wi, hi in zip(w, h)]
+        assert losses[t] == pytest.approx(0.5 * sum(hi * wi * wi for hi, wi in zip(h, w)))
+    blown = stale_sgd(3, lr=1.0, steps=2000, curvatures=(10.0,))
+    assert blown[-1] == math.inf
+    with pytest.raises(ValueError, match="staleness"):
+        stale_sgd(-1, lr=0.1, steps=3)
+    with pytest.raises(ValueError, match="start"):
+        stale_sgd(0, lr=0.1, steps=3, curvatures=(1.0,), start=(1.0, 2.0))
+
+
+def test_overlap_timeline_draws_compute_and_buckets_per_rank():
+    t0 = 1000.0
+    compute = {r: [("layer 1", t0, t0 + 0.010), ("layer 0", t0 + 0.010, t0 + 0.020)] for r in (0, 1)}
+    trace = [_event(0, 0, t0 + 0.011, t0 + 0.015), _event(0, 1, t0 + 0.020, t0 + 0.024, 8192),
+             _event(1, 0, t0 + 0.012, t0 + 0.015), _event(1, 1, t0 + 0.021, None),
+             Event(rank=0, seq=2, op="broadcast", peer=0, nbytes=4, dtype="float32", shape=(1,),
+                   start=t0, end=t0 + 1)]                      # not an all-reduce: left out
+    fig = overlap_timeline(trace, compute)
+    bars = {(t.name, t.y[0]): t for t in fig.data}
+    comm0 = bars["all-reduce (one per bucket)", "rank 0 all-reduce"]
+    assert list(comm0.base) == pytest.approx([11.0, 20.0]) and list(comm0.x) == pytest.approx([4.0, 4.0])
+    assert list(comm0.text) == ["b0", "b1"]
+    assert list(bars["all-reduce (one per bucket)", "rank 1 all-reduce"].x) == pytest.approx([3.0, 0.0])
+    assert list(bars["backward compute", "rank 1 backward"].base) == pytest.approx([0.0, 10.0])
+    assert list(fig.layout.yaxis.categoryarray) == ["rank 1 all-reduce", "rank 1 backward",
+                                                   "rank 0 all-reduce", "rank 0 backward"]
+    with pytest.raises(ValueError, match="nothing to draw"):
+        overlap_timeline([], {})
+
+
+def test_slider_explorer_redraws_on_every_change():
+    calls = []
+
+    def view(k, lr):
+        calls.append((k, lr))
+        return go.Figure(layout=dict(title=f"k={k}")), f"k = {k}, lr = {lr}"
+
+    ex = SliderExplorer(view, k=W.IntSlider(value=1, min=0, max=4), lr=W.FloatSlider(value=0.1))
+    assert calls == [(1, 0.1)] and ex.verdict.value == "k = 1, lr = 0.1"
+    ex.controls["k"].value = 3
+    assert calls[-1] == (3, 0.1) and ex.figure.layout.title.text == "k=3"
+    (shown,) = ex.output.outputs
+    assert "application/vnd.plotly.v1+json" in shown["data"]
+    with pytest.raises(ValueError, match="at least one control"):
+        SliderExplorer(view)

@@ -1,0 +1,187 @@
+"""Figures and pure models for data-parallel training (lesson 04): overlap, scaling, staleness.
+
+* `overlap_timeline`: one recorded DDP backward per rank, drawn as two rows per rank: the
+  backward computation (one bar per layer, from the moments its gradients became ready) above
+  the all-reduce of every bucket (from `toolkit.comm`'s recorder). Where a purple bar sits
+  under a grey one, communication is hidden behind computation.
+* `dp_step_time` / `scaling_table` / `scaling_figure`: the α-β model of one data-parallel step
+  with a fixed global batch B (strong scaling): per-rank compute shrinks as B/P, the ring
+  all-reduce of the gradients does not (2(P−1)α + 2(P−1)/P·n·β; Patarasuk & Yuan, JPDC 2009),
+  so the efficiency T(1)/(P·T(P)) falls, and P cannot exceed B (a rank needs one item).
+* `stale_sgd`: SGD on a quadratic where each update uses the gradient at the weights of k steps
+  ago, the staleness of asynchronous (ASP) training with a parameter server (Dean et al.,
+  "Large Scale Distributed Deep Networks", NeurIPS 2012; Ho et al., "More Effective Distributed
+  ML via a Stale Synchronous Parallel Parameter Server", NeurIPS 2013); k = 0 is bulk-synchronous
+  (BSP) data parallelism.
+
+Pure functions: numbers or a recorded trace in, numbers or a plotly figure out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Mapping, Sequence
+
+import plotly.graph_objects as go
+
+from ..comm.events import Event
+from ..cost import AlphaBeta, predict
+
+__all__ = ["dp_step_time", "overlap_timeline", "scaling_figure", "scaling_table", "stale_sgd"]
+
+_COMPUTE = ("#c7c7c7", "#a5a5a5")  # alternating greys: neighbouring layers stay distinct
+_ALL_REDUCE = "#9467bd"             # the recorder timeline's all_reduce colour (viz.timeline)
+
+
+def overlap_timeline(trace: Iterable[Event], compute: Mapping[int, Sequence[tuple]], *,
+                     title: str = "backward and all-reduce per bucket") -> go.Figure:
+    """Per rank, backward compute (top row) and bucket all-reduces (bottom row), in ms.
+
+    ``compute[rank]`` is a list of ``(label, start, end)`` in seconds since the epoch (the
+    recorder's clock, ``time.time()``): e.g. one span per layer, from the previous gradient
+    ready to this layer's. Every ``all_reduce`` of ``trace`` becomes a bar labelled "bucket i"
+    (its order on that rank) with its bytes on hover. Time zero is the earliest compute start.
+    """
+    events = [e for e in trace if e.op == "all_reduce"]
+    ranks = sorted(set(compute) | {e.rank for e in events})
+    if not ranks:
+        raise ValueError("overlap_timeline: nothing to draw (no compute spans, no all-reduces)")
+    starts = [s for spans in compute.values() for _, s, _ in spans] + [e.start for e in events]
+    t0 = min(starts)
+    ms = 1e3
+    fig = go.Figure()
+    for rank in ranks:   # two bar traces per rank (not one per bar: plotly validates each trace)
+        spans = list(compute.get(rank, ()))
+        row = f"rank {rank} backward"
+        fig.add_trace(go.Bar(
+            orientation="h", base=[(s - t0) * ms for _, s, _ in spans],
+            x=[max(e - s, 0.0) * ms for _, s, e in spans], y=[row] * len(spans),
+            marker=dict(color=[_COMPUTE[j % 2] for j in range(len(spans))],
+                        line=dict(color="white", width=1)),
+            name="backward compute", legendgroup="compute", showlegend=rank == ranks[0],
+            customdata=[label for label, _, _ in spans],
+            hovertemplate=f"rank {rank}: %{{customdata}}<br>%{{x:.3f}} ms<extra></extra>"))
+        mine = sorted((e for e in events if e.rank == rank), key=lambda e: e.start)
+        ends = [e.end if e.end is not None else e.start for e in mine]
+        fig.add_trace(go.Bar(
+            orientation="h", base=[(e.start - t0) * ms for e in mine],
+            x=[(end - e.start) * ms for e, end in zip(mine, ends)],
+            y=[f"rank {rank} all-reduce"] * len(mine),
+            marker=dict(color=_ALL_REDUCE, opacity=[0.55 + 0.45 * (i % 2) for i in range(len(mine))],
+                        line=dict(color="white", width=1)),
+            name="all-reduce (one per bucket)", legendgroup="comm", showlegend=rank == ranks[0],
+            text=[f"b{i}" for i in range(len(mine))], textposition="inside",
+            customdata=[[i, f"{e.nbytes:,}"] for i, e in enumerate(mine)],
+            hovertemplate=(f"rank {rank}: bucket %{{customdata[0]}}, %{{customdata[1]}} bytes<br>"
+                           "%{x:.3f} ms<extra></extra>")))
+    rows = [f"rank {r} {kind}" for r in ranks for kind in ("backward", "all-reduce")]
+    fig.update_layout(title=title, barmode="overlay", height=120 + 60 * len(rows),
+                      xaxis_title="time since backward started (ms)",
+                      yaxis=dict(categoryorder="array", categoryarray=rows[::-1]),
+                      legend=dict(orientation="h", y=-0.25), margin=dict(l=130, r=20, t=60, b=40))
+    return fig
+
+
+def _check_positive(owner: str, **values: float) -> None:
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"{owner}: {name} must be a number > 0, got {v!r}")
+
+
+def dp_step_time(p: int, *, batch: int, seconds_per_item: float, grad_bytes: float,
+                 link: AlphaBeta, overlap: float = 0.0) -> dict[str, float]:
+    """Seconds of one data-parallel step on ``p`` ranks for a global batch of ``batch`` items.
+
+    compute = seconds_per_item · ⌈batch/p⌉ (the slowest rank has the rounded-up share);
+    comm = the ring all-reduce of ``grad_bytes`` (0 for p = 1); a fraction ``overlap`` (0..1) of
+    comm hidden behind backward, at most the compute time. Returns compute, comm, exposed comm
+    and total. Raises ValueError when p > batch: a rank with no item has nothing to compute.
+    """
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+        raise ValueError(f"dp_step_time: p must be an int >= 1, got {p!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"dp_step_time: batch must be an int >= 1, got {batch!r}")
+    if p > batch:
+        raise ValueError(f"dp_step_time: p = {p} ranks > batch = {batch} items: data parallelism "
+                         "needs at least one item per rank (P <= B)")
+    _check_positive("dp_step_time", seconds_per_item=seconds_per_item, grad_bytes=grad_bytes)
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"dp_step_time: overlap must be in [0, 1], got {overlap!r}")
+    compute = seconds_per_item * -(-batch // p)
+    comm = float(predict("all_reduce", "ring", grad_bytes, p, link)) if p > 1 else 0.0
+    exposed = comm - min(overlap * comm, compute)
+    return {"compute": compute, "comm": comm, "exposed comm": exposed, "total": compute + exposed}
+
+
+def scaling_table(ps: Sequence[int], **kwargs) -> list[dict[str, float]]:
+    """`dp_step_time` for each p (those ≤ batch), with speedup T(1)/T(p) and efficiency speedup/p."""
+    one = dp_step_time(1, **kwargs)["total"]
+    rows = []
+    for p in ps:
+        if p > kwargs["batch"]:
+            continue
+        t = dp_step_time(p, **kwargs)
+        rows.append({"p": p, "items per rank": -(-kwargs["batch"] // p), **t,
+                     "speedup": one / t["total"], "efficiency": one / (p * t["total"])})
+    return rows
+
+
+def scaling_figure(rows: Sequence[Mapping[str, float]], *,
+                   title: str = "data-parallel step time and efficiency") -> go.Figure:
+    """Stacked compute / exposed-comm time per p (left axis, ms) and efficiency (right axis)."""
+    if not rows:
+        raise ValueError("scaling_figure: rows is empty")
+    x = [str(r["p"]) for r in rows]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=x, y=[r["compute"] * 1e3 for r in rows], name="compute (ms)",
+                         marker_color=_COMPUTE[1]))
+    fig.add_trace(go.Bar(x=x, y=[r["exposed comm"] * 1e3 for r in rows],
+                         name="exposed all-reduce (ms)", marker_color=_ALL_REDUCE))
+    fig.add_trace(go.Scatter(x=x, y=[r["efficiency"] for r in rows], name="efficiency",
+                             yaxis="y2", mode="lines+markers", line_color="#d62728"))
+    fig.update_layout(title=title, barmode="stack", height=380, xaxis_title="ranks P",
+                      yaxis=dict(title="time per step (ms)"),
+                      yaxis2=dict(title="efficiency T(1)/(P·T(P))", overlaying="y", side="right",
+                                  range=[0, 1.05]),
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def stale_sgd(staleness: int, *, lr: float, steps: int,
+              curvatures: Sequence[float] = (1.0, 10.0),
+              start: Sequence[float] | None = None) -> list[float]:
+    """Loss per step of SGD on f(w) = ½ Σ_i h_i w_i² when each gradient is ``staleness`` steps old.
+
+    w_{t+1} = w_t − lr · ∇f(w_{t−k}) with k = ``staleness`` (w before step 0 is the start): what
+    a worker of an asynchronous parameter server applies when k other updates landed while it
+    computed. k = 0 is plain (synchronous) gradient descent, stable for lr < 2/max h; delay
+    shrinks the stable range: one coordinate converges iff 0 < lr·h < 2 sin(π/(2(2k+1)))
+    (Levin & May, "A note on difference-delay equations", Theor. Pop. Biol. 1976): 2 at k = 0,
+    1 at k = 1, 0.445 at k = 3.
+    Returns f(w_t) for t = 0..steps (inf once it overflows).
+    """
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+        raise ValueError(f"stale_sgd: staleness must be an int >= 0, got {staleness!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"stale_sgd: steps must be an int >= 1, got {steps!r}")
+    _check_positive("stale_sgd", lr=lr)
+    h = [float(c) for c in curvatures]
+    w = [1.0] * len(h) if start is None else [float(s) for s in start]
+    if len(w) != len(h):
+        raise ValueError(f"stale_sgd: start has {len(w)} values, curvatures {len(h)}")
+    history = [list(w)] * (staleness + 1)   # history[0]: the weights of k steps ago
+
+    def loss(v: list[float]) -> float:
+        value = 0.5 * sum(hi * vi * vi for hi, vi in zip(h, v))
+        return value if math.isfinite(value) else float("inf")   # diverged
+
+    losses = [loss(w)]
+    for _ in range(steps):
+        old = history[0]
+        if losses[-1] == float("inf"):
+            losses.append(float("inf"))
+            continue
+        w = [wi - lr * hi * oi for wi, hi, oi in zip(w, h, old)]
+        history = history[1:] + [w]
+        losses.append(loss(w))
+    return losses
