@@ -2,11 +2,16 @@
 
 One module per idea, the simple version beside the optimised one (see docs/architecture.md):
 gradient accumulation and DDP (naive, bucketed, overlapped) in `accumulation` and `ddp`; the
-ZeRO-1/2 sharded optimizer in `zero`; FSDP (ZeRO-3) in `fsdp`. Each is checked against a
+ZeRO-1/2 sharded optimizer in `zero`; FSDP (ZeRO-3) in `fsdp`; HSDP (shard within a group,
+replicate across groups) in `hsdp`; one FSDP step simulated on paper in `fsdp_schedule`. Each is checked against a
 single-process run on the tiny models of `toolkit.models`.
 """
 
 from .fsdp import FlatGroup, FullyShardedDataParallel
+from .fsdp_schedule import StepSchedule, ring_wire_bytes, simulate_step
+from .hsdp import HybridLayout, HybridShardedDataParallel, hybrid_groups
 from .zero import FlatShard, ShardedOptimizer
 
-__all__ = ["FlatGroup", "FlatShard", "FullyShardedDataParallel", "ShardedOptimizer"]
+__all__ = ["FlatGroup", "FlatShard", "FullyShardedDataParallel", "HybridLayout",
+           "HybridShardedDataParallel", "ShardedOptimizer", "StepSchedule", "hybrid_groups",
+           "ring_wire_bytes", "simulate_step"]

@@ -3,6 +3,7 @@
     from toolkit import widgets
     widgets.cost_explorer(fit.link, p=64)    # last line of a cell: sliders, a verdict, a figure
     widgets.pipeline_explorer(p=4, m=8)      # schedule, p, m, v, t_b/t_f: Gantt, bubble vs formula
+    widgets.fsdp_explorer(psi=1e9, units=8)  # units, p, prefetch: a simulated step, gathered bytes
     widgets.tp_explorer()                    # lesson 08: TP all-reduces vs compute per link
     widgets.planner_explorer("gpt3-175b", gpus=1024, global_batch=1536)  # lesson 09
 
@@ -12,6 +13,7 @@ puts that function's output into an `Output` area on every change (`base.plotly_
 """
 
 from .base import plotly_bundle
+from .fsdp import FSDPExplorer, fsdp_explorer, fsdp_view
 from .memory import MemoryExplorer, memory_explorer, memory_view
 from .pipeline import PipelineExplorer, pipeline_explorer, pipeline_view
 from .planner import PlannerExplorer, planner_explorer, planner_view
@@ -22,6 +24,6 @@ from .cost import (
 )
 
 __all__ = ["ALPHA_US", "BANDWIDTH_GBS", "DEFAULT_LINK", "P_CHOICES", "SIZE_CHOICES",
-           "CostExplorer", "MemoryExplorer", "PipelineExplorer", "PlannerExplorer", "TPExplorer",
+           "CostExplorer", "FSDPExplorer", "MemoryExplorer", "fsdp_explorer", "fsdp_view", "PipelineExplorer", "PlannerExplorer", "TPExplorer",
            "cost_explorer", "cost_view", "memory_explorer", "memory_view", "pipeline_explorer",
            "pipeline_view", "planner_explorer", "planner_view", "plotly_bundle", "tp_explorer"]
