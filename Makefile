@@ -67,9 +67,12 @@ browser: | $(STAMP)  ## install Chromium for the browser test if missing (Debian
 test: setup browser  ## run every test: unit, multi-rank, notebooks, lessons in a browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: setup  ## print the launcher, recorder, collectives and lesson figures (benchmarks/)
+bench: setup  ## print every figure (benchmarks/): launcher, collectives, DDP, FSDP, memory, bubbles, lessons
 	$(BIN)/python benchmarks/launch_overhead.py
 	$(BIN)/python benchmarks/collectives.py --algorithms ring,torch --sizes 1M,16M,64M
+	$(BIN)/python benchmarks/ddp_step.py
+	$(BIN)/python benchmarks/fsdp_step.py
+	$(BIN)/python benchmarks/memory_measured.py
 	$(BIN)/python benchmarks/pipeline_bubbles.py
 	$(BIN)/python benchmarks/lesson_resources.py
 

@@ -5,7 +5,8 @@ send, `models` holds the tiny models everyone shares, `viz` draws, and later mod
 algorithms (collectives, data/pipeline/tensor parallel) on top. `context_parallel` splits the
 sequence (ring attention, Ulysses), `recompute` trades compute for activation memory, `flops`
 counts FLOPs and MFU/HFU, `memory` computes training memory per ZeRO stage, `planner` predicts memory per
-GPU and step time of dp × tp × pp × cp layouts on a cluster and ranks them.
+GPU and step time of dp × tp × pp × cp layouts on a cluster and ranks them, `checkpoint`
+saves atomically (rank 0 writes) and resumes every rank.
 """
 
 __version__ = "0.1.0"

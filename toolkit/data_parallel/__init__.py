@@ -7,11 +7,15 @@ replicate across groups) in `hsdp`; one FSDP step simulated on paper in `fsdp_sc
 single-process run on the tiny models of `toolkit.models`.
 """
 
+from .accumulation import accumulate_gradients, split_batch
+from .buckets import Bucket, assign_buckets
+from .ddp import BucketedDDP, NaiveDDP, OverlappedDDP, broadcast_module
 from .fsdp import FlatGroup, FullyShardedDataParallel
 from .fsdp_schedule import StepSchedule, ring_wire_bytes, simulate_step
 from .hsdp import HybridLayout, HybridShardedDataParallel, hybrid_groups
 from .zero import FlatShard, ShardedOptimizer
 
-__all__ = ["FlatGroup", "FlatShard", "FullyShardedDataParallel", "HybridLayout",
+__all__ = ["Bucket", "BucketedDDP", "NaiveDDP", "OverlappedDDP", "accumulate_gradients",
+           "assign_buckets", "broadcast_module", "split_batch", "FlatGroup", "FlatShard", "FullyShardedDataParallel", "HybridLayout",
            "HybridShardedDataParallel", "ShardedOptimizer", "StepSchedule", "hybrid_groups",
            "ring_wire_bytes", "simulate_step"]
