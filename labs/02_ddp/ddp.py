@@ -65,9 +65,8 @@ def assign_buckets(params: Sequence[torch.Tensor], cap_bytes: int) -> list[list[
 def broadcast_from_rank0(module: nn.Module) -> None:
     """Overwrite every parameter and every buffer of ``module`` with rank 0's values."""
     ### BEGIN SOLUTION
-    with torch.no_grad():
-        for tensor in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(tensor, src=0)
+    for tensor in [*module.parameters(), *module.buffers()]:
+        dist.broadcast(tensor.detach(), src=0)  # detach(): same storage, outside autograd
     ### END SOLUTION
     ### HINT: dist.broadcast(tensor, src=0) writes rank 0's values into `tensor` on every rank;
     ### HINT: module.parameters() and module.buffers() list what a replica holds.
@@ -90,7 +89,7 @@ class DDP(nn.Module):
         self._sync_this_backward = True
         self._callback_queued = False
         ### BEGIN SOLUTION
-        broadcast_from_rank0(module)
+        broadcast_from_rank0(self.module)
         self.buckets = [[self.params[i] for i in idx]
                         for idx in assign_buckets(self.params, self.cap_bytes)]
         self.flat = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype)
@@ -108,7 +107,7 @@ class DDP(nn.Module):
         ### HINT: broadcast; then, with assign_buckets: self.buckets (lists of parameters), a
         ### HINT: flat zero buffer per bucket, where each parameter's slice starts, and per
         ### HINT: bucket what was packed this backward and its all-reduce handle; plus
-        ### HINT: self.next_bucket = 0, the first bucket not started yet in this backward.
+        ### HINT: self.next_bucket, the index of the first bucket not started yet (from 0).
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
@@ -160,7 +159,7 @@ class DDP(nn.Module):
         self.start_full_buckets()
         ### END SOLUTION
         ### HINT: find the parameter's bucket and slice, copy the gradient in, mark it packed,
-        ### HINT: then call self.start_full_buckets().
+        ### HINT: then start the buckets that are now full (start_full_buckets).
 
     def start_full_buckets(self) -> None:
         """Start the all-reduce of bucket ``self.next_bucket``, then the next, ... while the
