@@ -132,6 +132,17 @@ def judge_train(r: CaseResult) -> Verdict:
         return Verdict(False, f"the parameters match gradients *summed* over the {p} ranks "
                               f"({label}): divide the all-reduced buckets by the world size to "
                               "average them")
+    n_buckets = len(expected_buckets(r.case))
+    branch = " (the side branch after step 0)" if r.case.get("side") else ""
+    for q, out in enumerate(outs):
+        for step, st in enumerate(out["steps"]):
+            sent = st["calls"].get("all_reduce", 0)
+            if sent < n_buckets:
+                return Verdict(False, f"{where}: in step {step}, rank {q} made {sent} "
+                                      f"all-reduce(s) for {n_buckets} bucket(s). A bucket that "
+                                      f"holds a parameter without gradient this step{branch} "
+                                      "never fills: finish() must put zeros in its slot and "
+                                      "start it")
     if name in r.case.get("frozen", ()):
         return Verdict(False, f"{where}: a frozen parameter (requires_grad=False) changed; "
                               "leave frozen parameters out of the buckets")

@@ -106,9 +106,10 @@ def _step(ddp, case: dict, step: int, batches: list) -> dict:
     use = {"use_side": True} if uses_side(case, step) else {}
     k = len(batches)
     with comm.recording() as quiet:
-        with ddp.no_sync():
-            for x, y in batches[:-1]:
-                (F.mse_loss(ddp(x, **use), y) / k).backward()
+        if k > 1:  # only the no_sync checks need no_sync() to exist
+            with ddp.no_sync():
+                for x, y in batches[:-1]:
+                    (F.mse_loss(ddp(x, **use), y) / k).backward()
     x, y = batches[-1]
     x = x.clone().requires_grad_()  # its gradient is the last one backward computes
     marks: dict[str, float] = {}
