@@ -97,8 +97,10 @@ def _measure(procs: list[psutil.Process]) -> tuple[int, int]:
     return rss, tasks
 
 
-def _sweep(root: int, group: PidsGroup | None, uid: int | None) -> None:
-    """SIGKILL every process of the run and reap the ones that are our children."""
+def _sweep(root: int, group: PidsGroup | None, uid: int | None,
+           theirs: frozenset[int] = frozenset()) -> None:
+    """SIGKILL every process of the run and reap the ones that are our children (`theirs`:
+    the caller's own children from before the run, never waited for here)."""
     for _ in range(200):
         procs = _tree(root, group)
         if uid is not None:
@@ -114,23 +116,31 @@ def _sweep(root: int, group: PidsGroup | None, uid: int | None) -> None:
                 p.send_signal(signal.SIGKILL)
             except psutil.Error:
                 pass
-        _reap()
+        _reap(theirs)
         if not alive:
             break
         time.sleep(0.02)
     if group is not None:
         group.kill_all()
-    _reap()
+    _reap(theirs)
 
 
-def _reap() -> None:
-    while True:  # orphans re-parented to us (subreaper) and the supervisor itself
+def _children() -> frozenset[int]:
+    try:
+        return frozenset(p.pid for p in psutil.Process().children())
+    except psutil.Error:
+        return frozenset()
+
+
+def _reap(theirs: frozenset[int] = frozenset()) -> None:
+    """Wait for our exited children: the supervisor and orphans re-parented to us (subreaper).
+    Not ``waitpid(-1)``: that would also take the exit status of a child the caller started
+    (its `Popen.wait()` would then say 0 for a process that was killed)."""
+    for pid in _children() - theirs:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            return
-        if pid == 0:
-            return
+            pass
 
 
 MAX_FILES = 10_000  # files a run may leave in tmp/: counting them each poll must stay cheap
@@ -176,6 +186,7 @@ def run_sandboxed(workdir: Path, job: dict, limits: Limits, *, landlock: bool = 
     """Run the supervisor on `job` in `workdir` under `limits`; always returns, never leaves a
     process behind."""
     _set_subreaper()
+    theirs = _children()
     job = dict(job, workdir=str(workdir), landlock=landlock)
     (workdir / "job.json").write_text(json.dumps(job))
     uid = sandbox_uid()
@@ -203,7 +214,7 @@ def run_sandboxed(workdir: Path, job: dict, limits: Limits, *, landlock: bool = 
         ranks = max((int(g.get("world_size", 1)) for g in job.get("groups", [])), default=1)
         _watch(proc, group, workdir, limits, start, result, ranks)
     finally:
-        _sweep(proc.pid, group, uid)
+        _sweep(proc.pid, group, uid, theirs)
         reader.join(timeout=5)
         proc.stdout.close()
     result.seconds = time.monotonic() - start

@@ -275,6 +275,15 @@ def test_values_without_communication_get_no_points(lab01, tmp_path):
     assert by_name["ar"].score == 0
 
 
+def test_the_callers_own_children_keep_their_exit_status(lab01, tmp_path):
+    """The runner reaps the sandbox's processes only: a child the caller started (and that died
+    during the grade) still reports how it died."""
+    mine = subprocess.Popen(["sleep", "30"])
+    mine.kill()
+    run_fault(lab01, "mistake_no_communication", ["ar"], tmp_path)
+    assert mine.wait(timeout=5) == -9
+
+
 def test_every_fault_file_has_a_test():
     tested = set(CASES) | {"syntax_error", "forged_results_cwd", "forged_results_abs",
                            "forged_results_tmp", "output_flood", "memory_creep", "fork_bomb",
