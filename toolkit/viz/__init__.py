@@ -25,13 +25,14 @@ from .cost import bus_bandwidth, cost_curves, cost_terms, predicted_times, traff
 from .pipeline import gantt, gantt_compare
 from .planner import memory_time, mesh_grid, predicted_measured, time_bars
 from .data_parallel import computation_graph, training_curves
+from .ddp import overlap_timeline, scaling_figure
 from .memory import measured_vs_predicted, memory_bars, stage_bars
 from .ring import ring_animation, ring_table
 from .tensor_parallel import matmul_split, tp_time_view, traffic_bars
 from .timeline import timeline, traffic_matrix
 
 __all__ = ["bus_bandwidth", "computation_graph", "cost_curves", "cost_terms", "gantt", "gantt_compare", "matmul_split", "measured_vs_predicted",
-           "memory_bars", "memory_time", "mesh_grid", "predicted_measured", "predicted_times",
-           "stage_bars", "time_bars", "training_curves",
+           "memory_bars", "memory_time", "mesh_grid", "overlap_timeline", "predicted_measured", "predicted_times",
+           "scaling_figure", "stage_bars", "time_bars", "training_curves",
            "ring_animation", "ring_table", "timeline", "tp_time_view", "traffic_and_rounds",
            "traffic_bars", "traffic_matrix"]

@@ -13,6 +13,7 @@ puts that function's output into an `Output` area on every change (`base.plotly_
 """
 
 from .base import plotly_bundle
+from .ddp import SliderExplorer
 from .fsdp import FSDPExplorer, fsdp_explorer, fsdp_view
 from .memory import MemoryExplorer, memory_explorer, memory_view
 from .pipeline import PipelineExplorer, pipeline_explorer, pipeline_view
@@ -24,6 +25,6 @@ from .cost import (
 )
 
 __all__ = ["ALPHA_US", "BANDWIDTH_GBS", "DEFAULT_LINK", "P_CHOICES", "SIZE_CHOICES",
-           "CostExplorer", "FSDPExplorer", "MemoryExplorer", "fsdp_explorer", "fsdp_view", "PipelineExplorer", "PlannerExplorer", "TPExplorer",
+           "CostExplorer", "FSDPExplorer", "MemoryExplorer", "fsdp_explorer", "fsdp_view", "PipelineExplorer", "PlannerExplorer", "SliderExplorer", "TPExplorer",
            "cost_explorer", "cost_view", "memory_explorer", "memory_view", "pipeline_explorer",
            "pipeline_view", "planner_explorer", "planner_view", "plotly_bundle", "tp_explorer"]
