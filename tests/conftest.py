@@ -10,7 +10,8 @@ import pytest
 
 def _children() -> dict[int, str]:
     out = {}
-    for p in psutil.Process().children(recursive=True):
+    me = psutil.Process()
+    for p in me.children(recursive=True):
         try:
             out[p.pid] = f"{p.status()}: {' '.join(p.cmdline()[:3])}"
         except psutil.ZombieProcess:
@@ -20,6 +21,19 @@ def _children() -> dict[int, str]:
     return out
 
 
+def _owned_by_fixture(pid: int, before: set[int]) -> bool:
+    """Whether `pid` descends from a process that was already running before the test (a
+    module-scoped fixture's browser or JupyterLab, which start helpers of their own at any time
+    and end them at the fixture's teardown)."""
+    try:
+        for parent in psutil.Process(pid).parents():
+            if parent.pid in before:
+                return True
+    except psutil.Error:
+        pass
+    return False
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
     """Fail a test that leaves a child (or zombie) of the test process behind."""
@@ -27,7 +41,8 @@ def no_leftover_processes():
     yield
     deadline = time.monotonic() + 2.0  # tests that start their own subprocesses wait for them
     while True:
-        extra = {pid: cmd for pid, cmd in _children().items() if pid not in before}
+        extra = {pid: cmd for pid, cmd in _children().items()
+                 if pid not in before and not _owned_by_fixture(pid, before)}
         if not extra or time.monotonic() > deadline:
             break
         time.sleep(0.05)

@@ -1,5 +1,7 @@
-"""The fault corpus: bad submissions of lab 01 (tests/faults/01_collectives/, one fault per file)
-that the grader must survive. For each: a valid results.json, zero on the checks the fault
+"""The fault corpus: bad submissions of lab 01 that the grader must survive. Each file in
+tests/faults/01_collectives/ holds only what its fault changes (a function redefined, a module
+statement added); `submission` appends it to the reference solution, so the later definitions
+win and the rest of the file is the working lab. For each: a valid results.json, zero on the checks the fault
 touches (the others still pass), the failure kind a student or instructor filters on, a message
 that says where, and no process left anywhere (the autouse fixture checks this process's
 children; `_survivors` checks the whole machine for anything started in the grade's folder).
@@ -81,10 +83,28 @@ def _survivors(folder: Path) -> list[str]:
     return out
 
 
+REFERENCE = ROOT / "labs" / "01_collectives" / "collectives.py"
+
+
+def _source(fault: str) -> str:
+    return REFERENCE.read_text() + f"\n\n# ---- fault: {fault} ----\n\n" + \
+        (FAULTS / f"{fault}.py").read_text()
+
+
+def submission(fault: str, folder: Path) -> Path:
+    """The fault's submission: the reference solution followed by the fault's code."""
+    path = folder / fault / "collectives.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_source(fault))
+    return path
+
+
 def _line(fault: str, text: str) -> int:
-    """The line number of `text` in a fault file (for 'names the student's line')."""
-    lines = (FAULTS / f"{fault}.py").read_text().splitlines()
-    return next(i for i, line in enumerate(lines, 1) if text in line)
+    """The line number of `text` in the fault's submission, searched in the fault's part (for
+    'names the student's line')."""
+    lines = _source(fault).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# ---- fault:"))
+    return next(i for i, line in enumerate(lines, 1) if i > start and text in line)
 
 
 def run_fault(lab: Lab, fault: str, names: list[str], tmp_path: Path, *,
@@ -93,7 +113,8 @@ def run_fault(lab: Lab, fault: str, names: list[str], tmp_path: Path, *,
     work = tmp_path / "runs"
     work.mkdir(exist_ok=True)
     start = time.monotonic()
-    result = grade(small, FAULTS / f"{fault}.py", limits=limits, workbase=work)
+    result = grade(small, submission(fault, tmp_path / "submissions"), limits=limits,
+                   workbase=work)
     seconds = time.monotonic() - start
     data = to_results_json(result)
     assert validate_results(data) == [], data
@@ -312,10 +333,11 @@ print(json.dumps([c.score for c in r.checks]))
 def test_four_grades_at_once_do_not_interfere(tmp_path):
     """Four grader processes at the same time (each its own sandbox, cgroup and folder), each
     with its own submission: every one gets its own score."""
-    expected = {ROOT / "labs/01_collectives/collectives.py": [10, 3],
-                FAULTS / "mistake_averaged.py": [0, 3],
-                FAULTS / "mistake_linear_broadcast.py": [10, 0],
-                FAULTS / "exception_one_rank.py": [0, 3]}
+    subs = tmp_path / "submissions"
+    expected = {REFERENCE: [10, 3],
+                submission("mistake_averaged", subs): [0, 3],
+                submission("mistake_linear_broadcast", subs): [10, 0],
+                submission("exception_one_rank", subs): [0, 3]}
     script = tmp_path / "one_grade.py"
     script.write_text(_CHILD.format(root=str(ROOT)))
     procs = {path: subprocess.Popen([sys.executable, str(script), str(path)], cwd=tmp_path,

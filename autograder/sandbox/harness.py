@@ -46,8 +46,10 @@ class _Forbidden(importlib.abc.MetaPathFinder):
         return None
 
 
-def _wrappers() -> dict[str, int]:
-    return {f"{ns.__name__}.{name}": id(getattr(ns, name, None))
+def _wrappers() -> dict[str, Any]:
+    # The objects themselves, not their id(): a replaced wrapper may be freed and its id
+    # reused by the next object allocated, which would hide the replacement.
+    return {f"{ns.__name__}.{name}": getattr(ns, name, None)
             for ns in (dist, c10d) for name in SPECS}
 
 
@@ -58,17 +60,18 @@ _INSTRUMENTS = ("toolkit.comm", "toolkit.comm.patch", "toolkit.comm.events",
                 "toolkit.comm.inflight", "toolkit.launch.worker", __name__)
 
 
-def _identity(obj: Any) -> tuple[int, int] | None:
+def _identity(obj: Any) -> tuple[Any, Any] | None:
+    """(object, code object) held by reference, so neither can be freed and its id reused."""
     if isinstance(obj, (staticmethod, classmethod)):
         obj = obj.__func__
     if isinstance(obj, property):
-        return id(obj.fget), id(getattr(obj.fget, "__code__", None))
+        return obj.fget, getattr(obj.fget, "__code__", None)
     if inspect.isfunction(obj) or inspect.isbuiltin(obj) or inspect.isclass(obj):
-        return id(obj), id(getattr(obj, "__code__", None))
+        return obj, getattr(obj, "__code__", None)
     return None
 
 
-def _instruments() -> dict[str, tuple[int, int]]:
+def _instruments() -> dict[str, tuple[Any, Any]]:
     """Name → identity of every function, class and method in `_INSTRUMENTS`."""
     out: dict[str, tuple[int, int]] = {}
     for modname in _INSTRUMENTS:
@@ -86,8 +89,14 @@ def _instruments() -> dict[str, tuple[int, int]]:
     return out
 
 
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        return all(x is y for x, y in zip(a, b))
+    return a is b
+
+
 def _tampered(before: dict, after: dict) -> list[str]:
-    return sorted(k for k in before.keys() | after.keys() if after.get(k) != before.get(k))
+    return sorted(k for k in before.keys() | after.keys() if not _same(after.get(k), before.get(k)))
 
 
 def _wchar() -> int:

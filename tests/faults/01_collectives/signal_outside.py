@@ -3,75 +3,6 @@ without a uid of its own, `os.kill(-1, SIGKILL)` would reach every process). Exp
 (Landlock scopes signals to the sandbox); the sentinel lives.
 """
 
-from __future__ import annotations
-
-import torch
-import torch.distributed as dist
-
-
-def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
-    """(start, end) of chunk i for i in 0..p-1: the first numel % p chunks are one longer.
-    Every function below cuts tensors this way (the grader does too)."""
-    base, extra = divmod(numel, world_size)
-    bounds, start = [], 0
-    for r in range(world_size):
-        end = start + base + (r < extra)
-        bounds.append((start, end))
-        start = end
-    return bounds
-
-
-def exchange(send_buf: torch.Tensor, dst: int, recv_buf: torch.Tensor, src: int) -> None:
-    """Send `send_buf` to rank `dst` while receiving into `recv_buf` from rank `src`.
-
-    Both are posted before either is waited for, so a ring of ranks that all call this at the
-    same time cannot deadlock (lesson 02, section 8). Empty buffers are skipped: neighbours in
-    a ring always agree on a chunk's size, so both sides skip together.
-    """
-    works = []
-    if send_buf.numel():
-        works.append(dist.isend(send_buf.contiguous(), dst))
-    if recv_buf.numel():
-        works.append(dist.irecv(recv_buf, src))
-    for work in works:
-        work.wait()
-
-
-def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
-    """Write chunk `rank` (chunk_bounds) of the element-wise sum of every rank's `input` into
-    `output`. Ring: p − 1 steps; at each, send one chunk to rank + 1 and add the chunk received
-    from rank − 1. `input` is left unchanged. Each rank sends about (p − 1)/p · n elements in
-    p − 1 messages."""
-    rank, p = dist.get_rank(), dist.get_world_size()
-    bounds = chunk_bounds(input.numel(), p)
-    work = input.reshape(-1).clone()  # partial sums; the input stays as it was
-    right, left = (rank + 1) % p, (rank - 1) % p
-    for step in range(p - 1):
-        # Send the chunk the right neighbour adds to next; receive the one we add to next.
-        sent, got = (rank - step - 1) % p, (rank - step - 2) % p
-        a, b = bounds[got]
-        inbox = torch.empty(b - a, dtype=input.dtype)
-        exchange(work[slice(*bounds[sent])], right, inbox, left)
-        work[a:b] += inbox
-    a, b = bounds[rank]  # after p − 1 additions, our own chunk holds every rank's share
-    output.copy_(work[a:b])
-    return output
-
-
-def ring_all_gather(output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
-    """Fill `output` (n elements) with every rank's `input`, rank i's at chunk_bounds(n, p)[i].
-    Ring: p − 1 steps, each passing the chunk received last to rank + 1."""
-    rank, p = dist.get_rank(), dist.get_world_size()
-    bounds = chunk_bounds(output.numel(), p)
-    out = output.view(-1)
-    out[slice(*bounds[rank])] = input.reshape(-1)
-    right, left = (rank + 1) % p, (rank - 1) % p
-    for step in range(p - 1):
-        sent, got = (rank - step) % p, (rank - step - 1) % p
-        exchange(out[slice(*bounds[sent])], right, out[slice(*bounds[got])], left)
-    return output
-
-
 def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     """Replace `tensor` (in place) by the element-wise sum over all ranks: a reduce-scatter then
     an all-gather. Each rank sends 2(p − 1) messages, 2(p − 1)/p · n elements when p divides n."""
@@ -93,24 +24,4 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     mine = torch.empty(b - a, dtype=tensor.dtype)
     ring_reduce_scatter(mine, tensor)
     ring_all_gather(tensor, mine)
-    return tensor
-
-
-def tree_broadcast(tensor: torch.Tensor, src: int) -> torch.Tensor:
-    """Copy rank `src`'s `tensor` into every rank's `tensor` (in place) along a binomial tree:
-    in round k every rank that has the data sends it 2^k ranks further, so it takes ⌈log₂ p⌉
-    rounds and no rank sends more than ⌈log₂ p⌉ messages."""
-    rank, p = dist.get_rank(), dist.get_world_size()
-    me = (rank - src) % p  # position in the tree, the root at 0
-    mask = 1
-    while mask < p:  # receive once, from the rank that differs in our lowest set bit
-        if me & mask:
-            dist.recv(tensor, (me - mask + src) % p)
-            break
-        mask <<= 1
-    mask >>= 1
-    while mask:  # then forward to every rank below us in the tree
-        if me + mask < p:
-            dist.send(tensor, (me + mask + src) % p)
-        mask >>= 1
     return tensor
