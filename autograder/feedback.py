@@ -32,7 +32,8 @@ def close(got: torch.Tensor, want: torch.Tensor) -> bool:
     return torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol)
 
 
-def _describe(got, want: torch.Tensor) -> str:
+def describe(got, want: torch.Tensor) -> str:
+    """Where `got` first differs from `want`, in words: type, shape, dtype or the element."""
     if not isinstance(got, torch.Tensor):
         return f"expected a tensor, got {type(got).__name__}"
     if got.shape != want.shape:
@@ -111,7 +112,7 @@ def compare_outputs(outputs: Sequence, expected: Sequence[torch.Tensor], *, worl
                                   "order: chunk i belongs at positions chunk_bounds[i]")
     return Verdict(False, f"{what} is wrong on rank{'s' if len(wrong) > 1 else ''} "
                           f"{', '.join(map(str, wrong))}{where}: on rank {r}, "
-                          f"{_describe(got, want)}")
+                          f"{describe(got, want)}")
 
 
-__all__ = ["TOLERANCE", "chunk_permutation", "close", "compare_outputs"]
+__all__ = ["TOLERANCE", "chunk_permutation", "close", "compare_outputs", "describe"]

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from _lab_harness import DTYPES  # the lab's harness.py (loaded under this name)
+from autograder import feedback
 from autograder.feedback import close
 from autograder.lab import CaseResult
 
@@ -222,13 +223,4 @@ def diagnose(r: CaseResult, rank: int, key: str, got) -> str | None:
 def describe(got, want: torch.Tensor) -> str:
     if got is None:
         return "None (no gradient reached it: compute with the shard's nn.Parameter)"
-    if not isinstance(got, torch.Tensor):
-        return f"a {type(got).__name__}, expected a tensor"
-    if got.shape != want.shape:
-        return f"shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-    if got.dtype != want.dtype:
-        return f"dtype {got.dtype}, expected {want.dtype}"
-    diff = (got.double() - want.double()).abs().reshape(-1)
-    i = int(diff.argmax())
-    return (f"element {i} is {got.reshape(-1)[i].item():.6g}, expected "
-            f"{want.reshape(-1)[i].item():.6g}")
+    return feedback.describe(got, want)
