@@ -85,3 +85,20 @@ def test_explorer_displays_as_its_widget_box():
     bundle = ex._repr_mimebundle_()
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == ex.widget.model_id
     assert widgets.plotly_bundle(ex.figure)["text/plain"].startswith("<plotly figure: α-β model")
+
+
+def test_show_in_replaces_an_output_in_one_step():
+    """Explorers fill an Output by assigning its outputs (no `with area:` capture, which
+    nbclient mishandles): a figure as plotly's mimetype, a table as HTML, replaced each time."""
+    import ipywidgets
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    area = ipywidgets.Output()
+    widgets.show_in(area, go.Figure(layout_title_text="first"), pd.DataFrame({"a": [1]}))
+    first = area.outputs
+    assert [o["output_type"] for o in first] == ["display_data", "display_data"]
+    assert "application/vnd.plotly.v1+json" in first[0]["data"]
+    assert "text/html" in first[1]["data"]
+    widgets.show_in(area, go.Figure(layout_title_text="second"))
+    assert len(area.outputs) == 1 and "second" in area.outputs[0]["data"]["text/plain"]

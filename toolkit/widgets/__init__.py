@@ -12,7 +12,7 @@ to what is shown and is tested without a browser; the explorer object only holds
 puts that function's output into an `Output` area on every change (`base.plotly_bundle`).
 """
 
-from .base import plotly_bundle
+from .base import plotly_bundle, show_in
 from .ddp import SliderExplorer
 from .fsdp import FSDPExplorer, fsdp_explorer, fsdp_view
 from .memory import MemoryExplorer, memory_explorer, memory_view
@@ -27,4 +27,4 @@ from .cost import (
 __all__ = ["ALPHA_US", "BANDWIDTH_GBS", "DEFAULT_LINK", "P_CHOICES", "SIZE_CHOICES",
            "CostExplorer", "FSDPExplorer", "MemoryExplorer", "fsdp_explorer", "fsdp_view", "PipelineExplorer", "PlannerExplorer", "SliderExplorer", "TPExplorer",
            "cost_explorer", "cost_view", "memory_explorer", "memory_view", "pipeline_explorer",
-           "pipeline_view", "planner_explorer", "planner_view", "plotly_bundle", "tp_explorer"]
+           "pipeline_view", "planner_explorer", "planner_view", "plotly_bundle", "show_in", "tp_explorer"]
