@@ -110,14 +110,18 @@ def _defined_names(source: bytes) -> set[str]:
     return names
 
 
+def _cases(ci: int, check: Check) -> list[dict]:
+    """Check number `ci`'s cases as the sandbox runs them: with ids unique in the lab."""
+    return [dict(case, id=f"c{ci}-{k}", call=check.call) for k, case in enumerate(check.cases)]
+
+
 def build_job(lab: Lab) -> dict:
     """The sandbox's job: one group per (check, world size), with globally unique case ids."""
     groups = []
     for ci, check in enumerate(lab.checks):
         by_size: dict[int, list[dict]] = {}
-        for k, case in enumerate(check.cases):
-            by_size.setdefault(case["world_size"], []).append(
-                dict(case, id=f"c{ci}-{k}", call=check.call))
+        for case in _cases(ci, check):
+            by_size.setdefault(case["world_size"], []).append(case)
         for ws, cases in sorted(by_size.items()):
             groups.append({"id": f"c{ci}-p{ws}", "check": f"c{ci}", "world_size": ws,
                            "timeout": check.timeout, "cases": cases})
@@ -157,7 +161,7 @@ def _integrity(traffic: list[dict], allowed: tuple[str, ...] = ()) -> tuple[str,
     return None
 
 
-def _judge_group(check: Check, lab: Lab, record: dict,
+def _judge_group(ci: int, check: Check, lab: Lab, record: dict,
                  world_size: int) -> list[Verdict | tuple[str, str]]:
     """Verdicts for the cases of `check` at `world_size` (the ones this group's record ran)."""
     ranks = record.get("ranks")
@@ -169,7 +173,7 @@ def _judge_group(check: Check, lab: Lab, record: dict,
             if isinstance(obs, dict):
                 by_case.setdefault(str(obs.get("case")), []).append(obs)
     out = []
-    for case in (c for c in build_job_cases(lab, check) if c["world_size"] == world_size):
+    for case in (c for c in _cases(ci, check) if c["world_size"] == world_size):
         obs = sorted(by_case.get(case["id"], []), key=lambda o: o.get("rank", 0))
         ws = case["world_size"]
         if len(obs) != ws:
@@ -191,12 +195,7 @@ def _judge_group(check: Check, lab: Lab, record: dict,
     return out
 
 
-def build_job_cases(lab: Lab, check: Check) -> list[dict]:
-    ci = lab.checks.index(check)
-    return [dict(case, id=f"c{ci}-{k}", call=check.call) for k, case in enumerate(check.cases)]
-
-
-def _score(check: Check, verdicts: list, run: RunResult, group_kind: tuple[str, str] | None) -> CheckResult:
+def _score(check: Check, verdicts: list, group_kind: tuple[str, str] | None) -> CheckResult:
     passed = sum(1 for v in verdicts if isinstance(v, Verdict) and v.passed)
     total = len(check.cases)
     failed = [v for v in verdicts if not (isinstance(v, Verdict) and v.passed)]
@@ -227,7 +226,7 @@ def judge_run(lab: Lab, run: RunResult) -> list[CheckResult]:
                 group_kind = group_kind or (kind, detail)
                 verdicts += [(kind, detail)] * n_cases
             elif record.get("status") == "ok":
-                verdicts += _judge_group(check, lab, record, ws)
+                verdicts += _judge_group(ci, check, lab, record, ws)
             else:
                 log = run.log_tail.get(f"c{ci}-p{ws}", "").strip()
                 kind = classify(record, lab.module, log)
@@ -238,7 +237,7 @@ def judge_run(lab: Lab, run: RunResult) -> list[CheckResult]:
         printed = sum(run.log_bytes.get(f"c{ci}-p{ws}", 0) for ws in sizes)
         if run.limit == "output_limit" and printed and not group_kind:
             group_kind = ("output_limit", run.limit_detail)
-        results.append(_score(check, verdicts, run, group_kind))
+        results.append(_score(check, verdicts, group_kind))
     return results
 
 
