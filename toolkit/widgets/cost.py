@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 from .. import viz
 from ..cost import AlphaBeta, Fit
 from ..cost import fastest, human_bytes
-from .base import plotly_bundle
+from .base import show_in
 
 P_CHOICES = tuple(2 ** k for k in range(1, 11))
 """World sizes the p slider offers: 2, 4, … 1024 (a log scale)."""
@@ -115,8 +115,7 @@ class CostExplorer:
             algorithms=self.algorithms)
         # Assigning `outputs` replaces the previous figure in one step (no flicker), and works
         # with or without a kernel, unlike `with output: display(...)`.
-        self.output.outputs = ({"output_type": "display_data", "metadata": {},
-                                "data": plotly_bundle(self.figure)},)
+        show_in(self.output, self.figure)
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

@@ -6,7 +6,7 @@
 ``view(**slider_values)`` returns ``(figure, html)``; it holds all the logic (for the bucket
 explorer it reruns DDP on real ranks and draws `viz.ddp.overlap_timeline`; for staleness it runs
 `viz.ddp.stale_sgd`), so it is tested without a browser. The explorer only wires sliders to it
-and puts its figure into an `Output` as plotly's mimetype (`base.plotly_bundle`), as
+and puts its figure into an `Output` as plotly's mimetype (`base.show_in`), as
 `widgets.cost.CostExplorer` does.
 """
 
@@ -17,7 +17,7 @@ from typing import Callable
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from .base import plotly_bundle
+from .base import show_in
 
 __all__ = ["SliderExplorer"]
 
@@ -53,8 +53,7 @@ class SliderExplorer:
     def redraw(self, change: object = None) -> None:
         """Call the view with the current values and replace the figure in place."""
         self.figure, self.verdict.value = self.view(**self.values)
-        self.output.outputs = ({"output_type": "display_data", "metadata": {},
-                                "data": plotly_bundle(self.figure)},)
+        show_in(self.output, self.figure)
 
     def _repr_mimebundle_(self, **kwargs: object) -> dict:
         return self.widget._repr_mimebundle_(**kwargs)

@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 
 from ..cost import AlphaBeta, human_bytes
 from ..data_parallel.fsdp_schedule import KINDS, StepSchedule, simulate_step
-from .base import plotly_bundle
+from .base import show_in
 
 COLORS = {"all-gather": "#17becf", "reduce-scatter": "#e377c2", "forward": "#2ca02c",
           "backward": "#ff7f0e"}  # the collectives' hues match toolkit.viz.timeline's
@@ -119,8 +119,7 @@ class FSDPExplorer:
         self.figure, self.verdict.value, _ = fsdp_view(
             psi=self.psi.value, units=self.units.value, world_size=self.world_size.value,
             prefetch=self.prefetch.value, bandwidth_gbs=self.bandwidth_gbs.value)
-        self.output.outputs = ({"output_type": "display_data", "metadata": {},
-                                "data": plotly_bundle(self.figure)},)
+        show_in(self.output, self.figure)
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

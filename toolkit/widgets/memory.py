@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from ..memory import GB, MODELS, RECIPES, GiB, budget, model_shape, model_state_bytes
 from ..memory.budget import Budget
 from ..viz.memory import memory_bars
-from .base import plotly_bundle
+from .base import show_in
 
 CUSTOM = "custom (Ψ only)"
 """Model choice that takes the parameter slider instead of a published shape."""
@@ -117,8 +117,7 @@ class MemoryExplorer:
             n_d=self.n_d.value, stage=self.stage.value, recipe=self.recipe.value,
             seq_len=self.seq_len.value, batch=self.batch.value, gpu_gib=self.gpu_gib.value,
             recompute=self.recompute.value)
-        self.output.outputs = ({"output_type": "display_data", "metadata": {},
-                                "data": plotly_bundle(self.figure)},)
+        show_in(self.output, self.figure)
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from ..pipeline import bubble_fraction, in_flight, make_schedule, simulate
 from ..viz.pipeline import gantt
-from .base import plotly_bundle
+from .base import show_in
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved")
 """What the schedule menu offers."""
@@ -99,8 +99,7 @@ class PipelineExplorer:
         self.figure, self.verdict.value = pipeline_view(
             schedule=self.schedule.value, p=self.p.value, m=self.m.value, v=self.v.value,
             ratio=self.ratio.value)
-        self.output.outputs = ({"output_type": "display_data", "metadata": {},
-                                "data": plotly_bundle(self.figure)},)
+        show_in(self.output, self.figure)
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from ..memory import MODELS
 from ..planner import CLUSTERS, cluster, plan
 from ..viz.planner import time_bars
-from .base import plotly_bundle
+from .base import show_in
 
 __all__ = ["BATCH_CHOICES", "GPU_CHOICES", "PlannerExplorer", "planner_explorer",
            "planner_view"]
@@ -103,8 +103,7 @@ class PlannerExplorer:
         self.figure, self.table.value, self.verdict.value = planner_view(
             model=self.model.value, cluster_name=self.cluster.value, gpus=self.gpus.value,
             global_batch=self.global_batch.value, recompute=self.recompute.value)
-        self.output.outputs = ({"output_type": "display_data", "metadata": {},
-                                "data": plotly_bundle(self.figure)},)
+        show_in(self.output, self.figure)
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

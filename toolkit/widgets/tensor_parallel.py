@@ -16,7 +16,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from ..viz.tensor_parallel import tp_time_view
-from .base import plotly_bundle
+from .base import show_in
 
 __all__ = ["BANDWIDTH_GBS", "HIDDEN_CHOICES", "TOKEN_CHOICES", "TP_CHOICES", "TPExplorer",
            "tp_explorer"]
@@ -73,8 +73,7 @@ class TPExplorer:
         self.figure, self.verdict.value = tp_time_view(
             hidden=self.hidden.value, tp=self.tp.value, tokens=self.tokens.value,
             bandwidth_gbs=self.bandwidth_gbs.value, **self.fixed)
-        self.output.outputs = ({"output_type": "display_data", "metadata": {},
-                                "data": plotly_bundle(self.figure)},)
+        show_in(self.output, self.figure)
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
