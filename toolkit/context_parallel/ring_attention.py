@@ -44,6 +44,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..collectives import chunk_sizes  # the torch.tensor_split rule, shared with every split
+
 __all__ = ["RingAttention", "full_attention", "ring_attention", "sequence_sizes", "shard_sequence"]
 
 
@@ -52,8 +54,7 @@ def sequence_sizes(seq_len: int, p: int) -> list[int]:
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < p:
         raise ValueError(f"seq_len={seq_len!r} must be an int >= the number of context-parallel "
                          f"ranks p={p}: every rank needs at least one position")
-    q, r = divmod(seq_len, p)
-    return [q + 1 if i < r else q for i in range(p)]
+    return chunk_sizes(seq_len, p)
 
 
 def shard_sequence(x: Tensor, rank: int, p: int, *, dim: int = 2) -> Tensor:

@@ -44,6 +44,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..collectives import chunk_bounds  # the torch.tensor_split rule, shared with every split
 from .schedules import Op, Schedule, make_schedule
 from .simulate import COLUMNS, idle_fraction
 from .validate import check_schedule
@@ -61,9 +62,7 @@ def assign_layers(n_layers: int, *, p: int, v: int = 1) -> list[list[range]]:
         raise ValueError(f"p (stages) = {p} is more than the {n_layers} layers: every stage "
                          f"needs at least one layer; use p <= {n_layers} or more layers")
     if v == 1:
-        base, extra = divmod(n_layers, p)
-        bounds = [r * base + min(r, extra) for r in range(p + 1)]
-        return [[range(bounds[r], bounds[r + 1])] for r in range(p)]
+        return [[range(start, stop)] for start, stop in chunk_bounds(n_layers, p)]
     if n_layers % p:
         raise ValueError(f"v (chunks per rank) = {v} needs the same number of layers on every "
                          f"stage, but {n_layers} layers do not split into p = {p} equal stages; "
