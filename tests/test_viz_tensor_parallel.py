@@ -1,4 +1,4 @@
-"""toolkit.viz.tensor_parallel's figures (blocks, traffic, times) and lesson 08's explorer
+"""toolkit.viz.tensor_parallel's figures (blocks, traffic, times) and lesson 12's explorer
 (toolkit.widgets.tensor_parallel), without a browser."""
 
 from __future__ import annotations

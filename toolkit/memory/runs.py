@@ -1,4 +1,4 @@
-"""Real sharded runs on ranks, measured against the memory math: what lesson 05 draws and
+"""Real sharded runs on ranks, measured against the memory math: what lesson 07 draws and
 `benchmarks/memory_measured.py` prints.
 
 Each method trains a TinyGPT for a few steps of fp32 Adam on every rank (its slice of the batch),

@@ -1,6 +1,6 @@
 """One way to lay a training run over ranks: dp × tp × pp × cp, a ZeRO stage, micro-batches.
 
-Four axes, one per dimension of the work (lesson 09): the batch splits over data-parallel ranks
+Four axes, one per dimension of the work (lesson 14): the batch splits over data-parallel ranks
 (dp), the sequence over context-parallel ranks (cp), the layers over pipeline stages (pp), the
 hidden dimension over tensor-parallel ranks (tp). Their product is the world size, which
 `Layout.check` asserts (as torchtitan's `ParallelDims._validate` does).

@@ -4,8 +4,8 @@
     widgets.cost_explorer(fit.link, p=64)    # last line of a cell: sliders, a verdict, a figure
     widgets.pipeline_explorer(p=4, m=8)      # schedule, p, m, v, t_b/t_f: Gantt, bubble vs formula
     widgets.fsdp_explorer(psi=1e9, units=8)  # units, p, prefetch: a simulated step, gathered bytes
-    widgets.tp_explorer()                    # lesson 08: TP all-reduces vs compute per link
-    widgets.planner_explorer("gpt3-175b", gpus=1024, global_batch=1536)  # lesson 09
+    widgets.tp_explorer()                    # lesson 12: TP all-reduces vs compute per link
+    widgets.planner_explorer("gpt3-175b", gpus=1024, global_batch=1536)  # lesson 14
 
 One module per explorer (`cost`, `memory`, `pipeline`, ...), each a thin shell: one pure function maps slider values
 to what is shown and is tested without a browser; the explorer object only holds the sliders and

@@ -1,4 +1,4 @@
-"""Lesson 09's planner explorer: model, cluster, GPUs and batch in; the feasible layouts out,
+"""Lesson 14's planner explorer: model, cluster, GPUs and batch in; the feasible layouts out,
 as a sorted table and a chart of where each one's step time goes.
 
     from toolkit.widgets.planner import planner_explorer

@@ -1,4 +1,4 @@
-"""Lesson 08's explorer: when do a layer's tensor-parallel all-reduces cost more than its compute?
+"""Lesson 12's explorer: when do a layer's tensor-parallel all-reduces cost more than its compute?
 
     from toolkit.widgets.tensor_parallel import tp_explorer
     tp_explorer()                 # last line of a cell: sliders for h, tp, tokens, bandwidth
@@ -82,7 +82,7 @@ class TPExplorer:
 def tp_explorer(*, hidden: int = 12288, tp: int = 8, tokens: int = 2048,
                 bandwidth_gbs: float = 50.0, seq: int = 2048, alpha_us: float = 10.0,
                 peak_flops: float = 989e12, efficiency: float = 0.5) -> TPExplorer:
-    """The explorer of lesson 08, starting at a GPT-3-sized layer (h = 12288) on tp = 8 over
+    """The explorer of lesson 12, starting at a GPT-3-sized layer (h = 12288) on tp = 8 over
     InfiniBand-class bandwidth; `seq`, α, the peak (H100 bf16) and the efficiency stay fixed.
     `hidden`, `tp` and `tokens` must be among the sliders' choices."""
     return TPExplorer(hidden=_pick(hidden, HIDDEN_CHOICES, "hidden"),
