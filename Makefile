@@ -3,6 +3,7 @@
 #   make lab     set up .venv if needed, then open JupyterLab on lessons/ (CPU)
 #   make test    set up .venv if needed, then run the whole test suite (what .ci/run calls)
 #                (and, the first time, install headless Chromium for the browser test: see browser)
+#   make test-busy   the same suite with a CPU-burning process beside it (a busy laptop)
 #
 # Everything is installed into .venv inside the repo from the project's own files. torch is
 # pinned to the CPU build first so that `pip install -e .` (which accepts a range) installs no
@@ -18,7 +19,7 @@ CHROMIUM   := /usr/bin/chromium
 BROWSER_STAMP := $(VENV)/.browser-tried
 PYTEST_ARGS ?=
 
-.PHONY: lab test setup browser bench clean help
+.PHONY: lab test test-busy setup browser bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -65,6 +66,16 @@ browser: | $(STAMP)  ## install Chromium for the browser test if missing (Debian
 	fi
 
 test: setup browser  ## run every test: unit, multi-rank, notebooks, lessons in a browser
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The suite as a busy laptop runs it: BURNERS processes that spin on the CPU beside pytest (on 2
+# cores, one burner takes half the machine). Started and stopped here, whatever pytest does, so
+# anyone can repeat the check that no test depends on how fast the machine is.
+BURNERS ?= 1
+test-busy: setup browser  ## run every test with BURNERS (default 1) CPU-burning processes beside it
+	@pids=""; for i in $$(seq $(BURNERS)); do sh -c 'while :; do :; done' & pids="$$pids $$!"; done; \
+	trap 'kill $$pids 2>/dev/null' INT TERM EXIT; \
+	echo "$(BURNERS) CPU burner(s) running beside the suite (pids$$pids)"; \
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: setup  ## print every figure (benchmarks/): launcher, collectives, DDP, FSDP, memory, bubbles, lessons

@@ -8,12 +8,15 @@ children; `_survivors` checks the whole machine for anything started in the grad
 
 Grades run on a small lab (a few visible checks, 1-2 cases each) to keep each test at a few
 seconds: what is under test is the grader, not the lab's coverage. Checks that are meant to hang
-get a 3 s timeout; the others keep a generous one so that a busy machine cannot turn a correct
-check into a timeout.
+get an 8 s timeout, long enough for every rank of a loaded laptop to reach the place the report
+names; the others keep a generous one so that a busy machine cannot turn a correct check into a
+timeout. Nothing here asserts how long a grade took or which line a rank had reached when the
+timing decides it (which call a waiting rank was in when gloo noticed its peer had left, say).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
@@ -36,7 +39,7 @@ from autograder.sandbox.limits import Limits, sandbox_uid
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "faults" / "01_collectives"
-HANG_S = 3.0      # timeout of a check that is meant to hang
+HANG_S = 8.0      # timeout of a check that is meant to hang (ranks of a busy machine get there)
 SAFE_S = 20.0     # timeout of a check that is meant to finish
 LIMITS = Limits(wall_s=60, processes=64)
 
@@ -107,6 +110,19 @@ def _line(fault: str, text: str) -> int:
     return next(i for i, line in enumerate(lines, 1) if i > start and text in line)
 
 
+RING = ("exchange", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce")
+
+
+def _ring_lines(fault: str) -> str:
+    """A regex matching any line of the ring's functions as the fault's submission defines them
+    (the last definition of a name wins, as when Python runs the file)."""
+    spans = {}
+    for node in ast.parse(_source(fault)).body:
+        if isinstance(node, ast.FunctionDef) and node.name in RING:
+            spans[node.name] = range(node.lineno, node.end_lineno + 1)
+    return "(?:" + "|".join(str(n) for span in spans.values() for n in span) + r")\b"
+
+
 def run_fault(lab: Lab, fault: str, names: list[str], tmp_path: Path, *,
               hang: set[str] = frozenset(), limits: Limits = LIMITS):
     small = small_lab(lab, names, hang)
@@ -140,14 +156,18 @@ CASES = {
     "exit_one_rank": (["ar", "tree"], {"ar": "crash"}, [r"Rank 1 exited \(code 3\)"], set()),
     "segfault_one_rank": (["ar", "tree"], {"ar": "crash"}, [r"Rank 1 died from SIGSEGV", "LINE"],
                           set()),
+    # Which call of the ring rank 0 was in when gloo noticed its peer had left is timing: the
+    # report names a line of the ring (RING), whichever it was.
     "deadlock_skip": (["ar"], {"ar": "deadlock"},
-                      [r"rank 0", r"work\.wait\(\)", r"skips one or returns early"], {"ar"}),
+                      [r"rank 0", r"collectives\.py line RING", r"skips one or returns early"],
+                      {"ar"}),
     "deadlock_blocking_ring": (["ar"], {"ar": "deadlock"},
                                [r"rank 0 in send to rank 1", r"rank 1 in send to rank 0"], {"ar"}),
     "mismatched_sizes": (["ar"], {"ar": "mismatch"},
                          [r"20 bytes arrived for a 16-byte buffer", r"gloo aborted"], set()),
     "infinite_loop": (["ar"], {"ar": "timeout"},
-                      [r"rank 0 at collectives\.py line LINE", r"rank 1 in i(send|recv)\.wait"], {"ar"}),
+                      [r"rank 0 at collectives\.py line LINE", r"rank 1 in i(send|recv)\.wait"],
+                      {"ar"}),
     "sleep_forever": (["ar"], {"ar": "timeout"}, [r"rank 0 at collectives\.py line LINE"], {"ar"}),
     "memory_bomb": (["ar", "tree"], {"ar": "memory_limit"}, [r"can't allocate memory"], set()),
     "builtin_all_reduce": (["ar", "tree"], {"ar": "builtin_collective"}, [r"all_reduce"], set()),
@@ -187,26 +207,27 @@ LINES = {"exception_one_rank": "raise RuntimeError", "segfault_one_rank": "strin
 @pytest.mark.parametrize("fault", sorted(CASES))
 def test_fault_is_named_and_zeroed(lab01, fault, tmp_path):
     names, failing, says, hang = CASES[fault]
-    result, by_name, seconds = run_fault(lab01, fault, names, tmp_path, hang=hang)
+    result, by_name, _ = run_fault(lab01, fault, names, tmp_path, hang=hang)
     line = str(_line(fault, LINES[fault])) if fault in LINES else ""
     first = next(n for n in names if n in failing)
-    assert_failed(by_name[first], failing[first], *[s.replace("LINE", line) for s in says])
+    says = [s.replace("LINE", line).replace("RING", _ring_lines(fault)) for s in says]
+    assert_failed(by_name[first], failing[first], *says)
     for name in names:
         if name in failing:
             assert_failed(by_name[name], failing[name])
         else:
             assert by_name[name].ok and by_name[name].score == by_name[name].check.points, \
                 (name, by_name[name].kind, by_name[name].message)
-    if hang:  # a hang is reported within the check's timeout + 10 s (start-up included)
-        assert seconds < HANG_S * len(hang) + 10, seconds
+    # A hang is ended by its check's own timeout (the kinds above say so: the grade's wall limit
+    # would have named itself), never by how fast this machine is: no time is asserted.
 
 
 def test_syntax_error_is_found_before_anything_runs(lab01, tmp_path):
-    result, by_name, seconds = run_fault(lab01, "syntax_error", ["ar", "tree"], tmp_path)
+    result, by_name, _ = run_fault(lab01, "syntax_error", ["ar", "tree"], tmp_path)
     line = _line("syntax_error", "(rank - 1 % p")
     for check in result.checks:
         assert_failed(check, "syntax_error", rf"collectives\.py line {line}", r"never closed")
-    assert result.sandbox == "" and seconds < 5  # parsed here, no sandbox started
+    assert result.sandbox == ""  # parsed here, no sandbox started
 
 
 def test_forged_results_in_tmp_zero_the_grade(lab01, tmp_path):
@@ -232,9 +253,8 @@ def test_forged_results_outside_its_folder_are_refused(lab01, tmp_path):
 
 
 def test_output_flood_stops_at_the_limit(lab01, tmp_path):
-    result, by_name, seconds = run_fault(lab01, "output_flood", ["ar"], tmp_path)
+    result, by_name, _ = run_fault(lab01, "output_flood", ["ar"], tmp_path)
     assert_failed(by_name["ar"], "output_limit", r"the limit is 4 MiB")
-    assert seconds < 20  # stopped at 4 MiB, long before 100 MB
 
 
 def test_memory_creep_is_stopped_by_the_watchdog(lab01, tmp_path):
@@ -262,7 +282,7 @@ def _pids_capped() -> bool:
 
 @pytest.mark.skipif(not _pids_capped(), reason="no pids cgroup and root: nothing bounds a fork bomb")
 def test_fork_bomb_is_stopped_and_nothing_survives(lab01, tmp_path):
-    result, by_name, seconds = run_fault(lab01, "fork_bomb", ["ar"], tmp_path)
+    result, by_name, _ = run_fault(lab01, "fork_bomb", ["ar"], tmp_path)
     assert_failed(by_name["ar"], "process_limit", r"processes")
     time.sleep(0.5)
     assert not _survivors(tmp_path)

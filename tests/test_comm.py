@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -218,22 +219,28 @@ def test_event_cap_counts_what_it_drops():
     # Ranks drop the rest; the parent's trace keeps what arrived.
 
 
-def slow_ops(rank, world_size):
+def slow_ops(rank, world_size, posted):
     if rank == 0:
-        time.sleep(0.2)  # rank 1 waits in recv meanwhile
+        while not os.path.exists(posted):  # rank 1's receive has started
+            time.sleep(0.005)
+        time.sleep(0.2)  # rank 1 waits meanwhile
         dist.send(torch.ones(4), dst=1)
     else:
-        dist.recv(torch.zeros(4), src=0)
+        work = dist.irecv(torch.zeros(4), src=0)
+        open(posted, "w").close()
+        work.wait()
 
 
 @pytest.mark.multirank
-def test_times_show_who_waited():
+def test_times_show_who_waited(tmp_path):
+    # The order is made by the ranks, not by the scheduler: the receive starts, then rank 0
+    # learns it has (a file), sleeps 0.2 s and sends; the receive ends once the data is there.
     with comm.recording() as trace:
-        spawn(slow_ops, 2, timeout=60)
+        spawn(slow_ops, 2, str(tmp_path / "posted"), timeout=60)
     (send,) = trace.where(op="send")
-    (recv,) = trace.where(op="recv")
-    assert recv.duration >= 0.15          # blocked until rank 0 sent
-    assert recv.start < send.start < recv.end + 0.05
+    (recv,) = trace.where(op="irecv")
+    assert recv.start < send.start <= recv.end
+    assert recv.duration >= 0.2          # blocked until rank 0 sent
 
 
 def fails_after_talking(rank, world_size):
