@@ -21,7 +21,6 @@ Partition, account, time limit and CPUs go to sbatch: ``--sbatch="--partition=cp
 
 from __future__ import annotations
 
-import csv
 import json
 import shlex
 import shutil
@@ -76,29 +75,29 @@ def _lost(target: Path, task: int, out: Path) -> dict:
 
 def gather(out: Path, parts: list[list[Path]], *, max_score: float) -> list[dict]:
     """Move each part's results into `out` and write `out`/summary.csv; returns the rows."""
-    rows = []
+    import pandas as pd
+
+    tables = []
     for task, subs in enumerate(parts):
         results = out / "slurm" / "results" / str(task)
-        found = {}
-        if (results / "summary.csv").is_file():
-            with open(results / "summary.csv", newline="") as f:
-                found = {r["submission"]: r for r in csv.DictReader(f)}
+        summary = results / "summary.csv"
+        table = pd.read_csv(summary, dtype={"submission": str}, keep_default_na=False) \
+            if summary.is_file() else pd.DataFrame({"submission": []})
+        graded = set(table.submission)
         for sub in subs:
-            target, graded = out / sub.stem, results / sub.stem
-            if sub.stem in found and (graded / "results.json").is_file():
+            target = out / sub.stem
+            if sub.stem in graded and (results / sub.stem / "results.json").is_file():
                 if target.exists():
                     shutil.rmtree(target)
-                shutil.move(str(graded), str(target))
-                rows.append(found[sub.stem])
+                shutil.move(str(results / sub.stem), str(target))
             else:
-                rows.append({**_lost(target, task, out), "max_score": max_score})
-    rows.sort(key=lambda r: r["submission"])
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out / "summary.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    return rows
+                table = table[table.submission != sub.stem]
+                lost = {**_lost(target, task, out), "max_score": max_score}
+                table = pd.concat([table, pd.DataFrame([lost])], ignore_index=True)
+        tables.append(table)
+    merged = pd.concat(tables, ignore_index=True).sort_values("submission", kind="stable")
+    merged.to_csv(out / "summary.csv", index=False)  # a part's missing columns: empty cells
+    return merged.to_dict("records")
 
 
 def run_slurm_batch(folder: Path, lab_dir: Path, out: Path, *, tasks: int | None = None,

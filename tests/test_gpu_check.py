@@ -4,12 +4,12 @@ results folder work, rehearsed on gloo."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from autograder.sandbox.harness import load_module
 from toolkit.cost.results import find_results, load_results
 from toolkit.launch import gpu_count
 
@@ -17,10 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(ROOT / "benchmarks" / "gpu_check.py", "gpu_check")
 
 
 @pytest.mark.skipif(gpu_count() >= 2, reason="this machine has GPUs: gpu-check would run")

@@ -11,8 +11,6 @@ launch in a lesson runs on NCCL except the deadlock demonstrations, which ask fo
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,18 +28,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.multirank, pytest.mark.slow,
               pytest.mark.skipif(gpu_count() < 2, reason="needs at least 2 CUDA GPUs")]
 
 
-def _module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def lab_calls(rank: int, world_size: int, lab_dir: str, student_file: str, calls: list) -> dict:
     """In a rank: the reference solution through the lab's harness, as the sandbox calls it."""
-    harness = _module(Path(lab_dir) / "harness.py", "_lab_harness")
-    reference = _module(Path(lab_dir) / student_file, Path(student_file).stem)
+    from autograder.sandbox.harness import load_module  # as the sandbox's ranks load them
+
+    harness = load_module(Path(lab_dir) / "harness.py", "_lab_harness")
+    reference = load_module(Path(lab_dir) / student_file, Path(student_file).stem)
     outputs = [harness.CALLS[call](reference, rank, world_size, case) for call, case in calls]
     return {"backend": context().backend, "outputs": outputs}
 
