@@ -186,9 +186,11 @@ def scan_notebook(path: Path) -> list[Finding]:
 
 def rank_side_files() -> tuple[list[Path], list[Path]]:
     """(modules, notebooks) holding rank-side code."""
-    modules = [p for p in sorted((ROOT / "toolkit").rglob("*.py"))
-               if p.relative_to(ROOT).as_posix() not in HOST_ONLY
-               and not p.relative_to(ROOT).as_posix().startswith(("toolkit/viz/", "toolkit/widgets/"))]
+    def rank_side(path: Path) -> bool:
+        rel = path.relative_to(ROOT).as_posix()
+        return rel not in HOST_ONLY and not rel.startswith(("toolkit/viz/", "toolkit/widgets/"))
+
+    modules = [p for p in sorted((ROOT / "toolkit").rglob("*.py")) if rank_side(p)]
     # Labs: the reference solutions and the harness run in the ranks; checks.py, hidden/ and
     # expected.py are the grader's (CPU, trusted) side.
     modules += [p for p in sorted(ROOT.glob("labs/*/*.py"))
