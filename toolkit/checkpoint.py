@@ -107,7 +107,8 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
 
 
 def get_rng_state() -> dict:
-    """This process's random state: torch (CPU, and CUDA if used), `random`, numpy if present.
+    """This process's random state: torch (CPU, and this rank's GPU if CUDA is in use),
+    `random`, numpy if present.
 
     Stored as tensors and plain containers so that ``torch.load(weights_only=True)`` reads it.
     """
@@ -115,7 +116,9 @@ def get_rng_state() -> dict:
     state: dict[str, Any] = {"torch": torch.get_rng_state(),
                              "python": [py_version, list(py_state), py_gauss]}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # The current device's only (cuda:LOCAL_RANK under NCCL): get_rng_state_all() would
+        # create a CUDA context on every GPU of the node in every rank.
+        state["cuda_device"] = torch.cuda.get_rng_state()
     try:
         import numpy as np
     except ImportError:
@@ -131,8 +134,8 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     version, py_state, gauss = state["python"]
     random.setstate((version, tuple(py_state), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda_device" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda_device"])  # this rank's current device
     if "numpy" in state:
         import numpy as np
         kind, keys, pos, has_gauss, cached = state["numpy"]

@@ -129,15 +129,22 @@ def count_flops(fn: Callable[[], object]) -> int:
     return int(counter.get_total_flops())
 
 
-def matmul_peak(n: int = 512, *, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
-    """FLOP/s of an n×n by n×n matmul on this machine, best of `repeats`: a practical "peak" to
-    compare a CPU run with (no datasheet figure applies to a shared laptop core)."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+def matmul_peak(n: int = 512, *, repeats: int = 5, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu") -> float:
+    """FLOP/s of an n×n by n×n matmul on `device`, best of `repeats`: a practical "peak" to
+    compare a run with (no datasheet figure applies to a shared laptop core)."""
+    device = torch.device(device)
+    # CUDA kernels are asynchronous: time to the kernel's end, not to its launch.
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
     a @ b  # warm-up: first call allocates and picks a kernel
     best = float("inf")
     for _ in range(max(1, repeats)):
+        sync()
         t0 = time.perf_counter()
         a @ b
+        sync()
         best = min(best, time.perf_counter() - t0)
     return 2 * n ** 3 / best
 

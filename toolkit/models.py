@@ -11,6 +11,10 @@ RNG. So every rank, and the single-process reference that checks it, builds bitw
 model from the same seed without broadcasting anything, and building a model in the middle of
 a run does not shift the random numbers of the code around it (data shuffling, dropout).
 
+``device=`` (models and data alike) draws on the CPU generator as above, then moves the result:
+a GPU rank gets bitwise the numbers a CPU reference gets (a CUDA generator draws others), as
+Megatron-LM's CPU initialisation does. In a rank, pass ``device=toolkit.launch.device()``.
+
     model = TinyGPT(GPTConfig(n_layer=4))
     x, y = make_token_data(32, seq_len=16, vocab_size=64)
     logits, loss = model(x, y)
@@ -31,6 +35,14 @@ __all__ = [
 ]
 
 
+DeviceLike = torch.device | str | None
+
+
+def _moved(t: Tensor, device: DeviceLike) -> Tensor:
+    """`t` on `device` (None: where it is)."""
+    return t if device is None else t.to(device)
+
+
 def _check_positive(owner: str, **values: int) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -38,10 +50,12 @@ def _check_positive(owner: str, **values: int) -> None:
 
 
 class TinyMLP(nn.Module):
-    """``depth`` hidden Linear+ReLU layers of width ``d_hidden``, then a Linear to ``d_out``."""
+    """``depth`` hidden Linear+ReLU layers of width ``d_hidden``, then a Linear to ``d_out``;
+    built on ``device`` (the same values on every device, see the module docstring)."""
 
     def __init__(
-        self, d_in: int = 8, d_hidden: int = 32, d_out: int = 4, depth: int = 2, seed: int = 0
+        self, d_in: int = 8, d_hidden: int = 32, d_out: int = 4, depth: int = 2, seed: int = 0,
+        *, device: DeviceLike = None,
     ) -> None:
         super().__init__()
         _check_positive("TinyMLP", d_in=d_in, d_hidden=d_hidden, d_out=d_out)
@@ -66,6 +80,8 @@ class TinyMLP(nn.Module):
                     bound = 1.0 / math.sqrt(lin.in_features)
                     lin.weight.uniform_(-bound, bound, generator=gen)
                     lin.bias.uniform_(-bound, bound, generator=gen)
+        if device is not None:
+            self.to(device)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.layers(x)  # (b, d_in) -> (b, d_out)
@@ -177,9 +193,10 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """A small GPT-2-style language model; ``forward(idx, targets)`` -> ``(logits, loss)``."""
+    """A small GPT-2-style language model; ``forward(idx, targets)`` -> ``(logits, loss)``;
+    built on ``device`` (the same values on every device, see the module docstring)."""
 
-    def __init__(self, cfg: GPTConfig | None = None) -> None:
+    def __init__(self, cfg: GPTConfig | None = None, *, device: DeviceLike = None) -> None:
         super().__init__()
         self.cfg = cfg = cfg if cfg is not None else GPTConfig()
         with torch.device("meta"):  # see TinyMLP: keeps the global RNG untouched
@@ -207,6 +224,10 @@ class TinyGPT(nn.Module):
                 else:
                     resid = name.endswith(("out_proj.weight", "down_proj.weight"))
                     p.normal_(0.0, resid_std if resid else 0.02, generator=gen)
+        if device is not None:
+            self.to(device)
+            if cfg.tie_weights:  # a move to another kind of tensor (meta) makes new parameters
+                self.lm_head.weight = self.tok_emb.weight
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         b, s = idx.shape
@@ -240,8 +261,10 @@ def gpt_param_count(cfg: GPTConfig) -> int:
     return embeddings + cfg.n_layer * (attention + mlp + layer_norms) + 2 * h + head
 
 
-def make_regression_data(n: int, d_in: int, d_out: int, *, seed: int = 0) -> tuple[Tensor, Tensor]:
-    """``(x, y)`` of shapes ``(n, d_in)``, ``(n, d_out)``: a fixed random linear map plus noise.
+def make_regression_data(n: int, d_in: int, d_out: int, *, seed: int = 0,
+                         device: DeviceLike = None) -> tuple[Tensor, Tensor]:
+    """``(x, y)`` of shapes ``(n, d_in)``, ``(n, d_out)``: a fixed random linear map plus noise,
+    on ``device`` (drawn on the CPU: the same values everywhere).
 
     A `TinyMLP(d_in=d_in, d_out=d_out)` can fit it, so losses visibly fall in a lesson.
     """
@@ -251,13 +274,14 @@ def make_regression_data(n: int, d_in: int, d_out: int, *, seed: int = 0) -> tup
     w = torch.randn(d_in, d_out, generator=gen) / math.sqrt(d_in)
     # (n, d_in) @ (d_in, d_out) -> (n, d_out)
     y = x @ w + 0.01 * torch.randn(n, d_out, generator=gen)
-    return x, y
+    return _moved(x, device), _moved(y, device)
 
 
 def make_token_data(
-    n: int, seq_len: int, vocab_size: int, *, seed: int = 0
+    n: int, seq_len: int, vocab_size: int, *, seed: int = 0, device: DeviceLike = None
 ) -> tuple[Tensor, Tensor]:
-    """``(inputs, targets)``, both ``(n, seq_len)`` int64, with ``targets[:, t] == inputs[:, t+1]``.
+    """``(inputs, targets)``, both ``(n, seq_len)`` int64, with ``targets[:, t] == inputs[:, t+1]``,
+    on ``device`` (drawn on the CPU: the same values everywhere).
 
     Each sequence starts at a random token and then follows one fixed random permutation of the
     vocabulary, so the next token is a function of the current one: a model can learn it and the
@@ -270,4 +294,4 @@ def make_token_data(
     seq[:, 0] = torch.randint(vocab_size, (n,), generator=gen)
     for t in range(seq_len):
         seq[:, t + 1] = successor[seq[:, t]]
-    return seq[:, :-1].clone(), seq[:, 1:].clone()
+    return _moved(seq[:, :-1].clone(), device), _moved(seq[:, 1:].clone(), device)

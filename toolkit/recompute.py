@@ -15,8 +15,9 @@ get the rest back, then its backward. With L blocks in segments of k:
 which is smallest at k = √L when an input costs as much as a block's internals: O(√L) instead
 of O(L), for one extra forward per step (Chen et al., section 4). A transformer block keeps far
 more inside (Korthikanti: 34·s·b·h + 5·a·s²·b bytes) than its input (2·s·b·h), so there the best
-k is about √(L·input/internals), often 1: checkpoint every block (`best_every` computes it). Gradients are unchanged: the recomputed forward is the same arithmetic (no dropout
-here; `torch.utils.checkpoint` would replay the RNG state anyway).
+k is about √(L·input/internals), often 1: checkpoint every block (`best_every` computes it).
+Gradients are unchanged: the recomputed forward is the same arithmetic (no dropout here;
+`torch.utils.checkpoint` would replay the RNG state anyway).
 
 This module measures rather than asserts: `saved_bytes` counts the bytes autograd keeps for
 backward (with `torch.autograd.graph.saved_tensors_hooks`, each storage once, parameters left
@@ -192,7 +193,8 @@ def measure(model: TinyGPT, idx: Tensor, targets: Tensor, *, every: int | None,
     segment = 0
     if every is not None:  # what the biggest segment saves when it runs plainly in backward
         # Zeros: only sizes matter here, and the global RNG stays untouched.
-        x = torch.zeros(idx.shape[0], idx.shape[1], model.cfg.d_model, requires_grad=True)
+        x = torch.zeros(idx.shape[0], idx.shape[1], model.cfg.d_model, device=idx.device,
+                        requires_grad=True)
         # Its input is left out: that is the checkpoint's, already in saved_bytes.
         _, segment = saved_bytes(lambda: ck._segment(0, max(ck.segments))(x),
                                  exclude=[*model.parameters(), x])

@@ -57,7 +57,7 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor) -> torch.Tens
         # Send the chunk the right neighbour adds to next; receive the one we add to next.
         sent, got = (rank - step - 1) % p, (rank - step - 2) % p
         a, b = bounds[got]
-        inbox = torch.empty(b - a, dtype=input.dtype)
+        inbox = input.new_empty(b - a)
         exchange(work[slice(*bounds[sent])], right, inbox, left)
         work[a:b] += inbox
     a, b = bounds[rank]  # after p − 1 additions, our own chunk holds every rank's share
@@ -94,7 +94,7 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     ### BEGIN SOLUTION
     a, b = chunk_bounds(tensor.numel(), p)[rank]
-    mine = torch.empty(b - a, dtype=tensor.dtype)
+    mine = tensor.new_empty(b - a)
     ring_reduce_scatter(mine, tensor)
     ring_all_gather(tensor, mine)
     ### END SOLUTION

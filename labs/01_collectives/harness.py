@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from toolkit.launch import device
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16}
 
@@ -19,16 +21,20 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.f
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
     """(start, end) of each rank's chunk: the split of `torch.tensor_split` (the first
     numel % p chunks one element longer), which the student file's `chunk_bounds` also makes."""
-    sizes = [len(c) for c in torch.arange(numel).tensor_split(world_size)]
+    # A meta tensor: tensor_split's sizes without allocating anything, on any device.
+    sizes = [len(c) for c in torch.empty(numel, device="meta").tensor_split(world_size)]
     starts = [sum(sizes[:i]) for i in range(world_size)]
     return [(s, s + n) for s, n in zip(starts, sizes)]
 
 
 def make_input(case: dict, rank: int) -> torch.Tensor:
-    """Rank `rank`'s full-size tensor: seeded normal values, different on every rank."""
+    """Rank `rank`'s full-size tensor: seeded normal values, different on every rank, drawn on
+    the CPU (the grader computes expected values from the same draw); a rank moves it to
+    `toolkit.launch.device()`."""
     g = torch.Generator().manual_seed(int(case.get("seed", 0)) * 1009 + rank)
     shape = case.get("shape") or [case["numel"]]
-    return torch.randn(shape, generator=g, dtype=torch.float64).to(DTYPES[case.get("dtype", "float32")])
+    draw = torch.randn(shape, generator=g, dtype=torch.float64)
+    return draw.to(DTYPES[case.get("dtype", "float32")])
 
 
 def make_inputs(case: dict, world_size: int) -> list[torch.Tensor]:
@@ -37,30 +43,30 @@ def make_inputs(case: dict, world_size: int) -> list[torch.Tensor]:
 
 
 def _all_reduce(student, rank, world_size, case):
-    t = make_input(case, rank)
+    t = make_input(case, rank).to(device())
     student.ring_all_reduce(t)
     return t
 
 
 def _broadcast(student, rank, world_size, case):
-    t = make_input(case, rank)
+    t = make_input(case, rank).to(device())
     student.tree_broadcast(t, case.get("src", 0) % world_size)
     return t
 
 
 def _reduce_scatter(student, rank, world_size, case):
-    x = make_input(case, rank)
+    x = make_input(case, rank).to(device())
     a, b = chunk_bounds(x.numel(), world_size)[rank]
-    out = torch.full((b - a,), float("nan"), dtype=x.dtype)
+    out = torch.full((b - a,), float("nan"), dtype=x.dtype, device=x.device)
     student.ring_reduce_scatter(out, x)
     return out
 
 
 def _all_gather(student, rank, world_size, case):
-    full = make_input(case, rank)
+    full = make_input(case, rank).to(device())
     a, b = chunk_bounds(full.numel(), world_size)[rank]
     mine = full.reshape(-1)[a:b].clone()
-    out = torch.full((full.numel(),), float("nan"), dtype=full.dtype)
+    out = torch.full((full.numel(),), float("nan"), dtype=full.dtype, device=full.device)
     student.ring_all_gather(out, mine)
     return out
 

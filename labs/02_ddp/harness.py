@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolkit import comm
+from toolkit.launch import device
 from toolkit.models import TinyMLP
 
 BATCH = 8   # divisible by 2 and 4 ranks, and by 2 micro-batches at 4 ranks
@@ -57,7 +58,8 @@ class Toy(nn.Module):
 
 
 def make_model(case: dict, rank: int = 0) -> nn.Module:
-    """The case's model as rank `rank` builds it (seeded by seed + rank: ranks differ)."""
+    """The case's model as rank `rank` builds it (seeded by seed + rank: ranks differ), on the
+    CPU: the grader's reference builds the same one; a rank moves it to its device."""
     seed = 1000 * int(case.get("seed", 0)) + rank
     d_in, d_hid, d_out = DIMS[case.get("model", "toy")]
     if case.get("model") == "mlp":
@@ -82,9 +84,10 @@ def make_data(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, d_in, generator=g), torch.randn(BATCH, d_out, generator=g)
 
 
-def micro_batches(case: dict, rank: int, world_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Rank's 1/p of the batch, cut into ``accumulate`` equal micro-batches."""
-    x, y = make_data(case)
+def micro_batches(case: dict, rank: int, world_size: int,
+                  on: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Rank's 1/p of the batch, cut into ``accumulate`` equal micro-batches, on device `on`."""
+    x, y = (t.to(on) for t in make_data(case))
     n, k = BATCH // world_size, int(case.get("accumulate", 1))
     mine = slice(rank * n, (rank + 1) * n)
     return list(zip(x[mine].chunk(k), y[mine].chunk(k)))
@@ -131,11 +134,11 @@ def _step(ddp, case: dict, step: int, batches: list) -> dict:
 
 
 def _train(student, rank, world_size, case):
-    model = make_model(case, rank)
+    model = make_model(case, rank).to(device())
     kwargs = {"bucket_cap_mb": case["cap"] / 2**20} if "cap" in case else {}
     ddp = student.DDP(model, **kwargs)
     after_init = _state(model)
-    batches = micro_batches(case, rank, world_size)
+    batches = micro_batches(case, rank, world_size, device())
     params = [p for p in model.parameters() if p.requires_grad]
     steps = []
     for step in range(int(case.get("steps", 3))):
@@ -152,7 +155,7 @@ def _train(student, rank, world_size, case):
 def _buckets(student, rank, world_size, case):
     out = []
     for sizes in case["sizes"]:
-        tensors = [torch.zeros(n) for n in sizes]
+        tensors = [torch.zeros(n, device=device()) for n in sizes]
         for cap in case["caps"]:
             got = student.assign_buckets(tensors, cap)
             out.append({"sizes": sizes, "cap": cap,

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from toolkit.launch import device
+
 BATCH = 12  # divisible by 1, 2, 3 and 4 ranks: every rank gets an equal slice
 
 
@@ -99,8 +101,10 @@ def make_data(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, dims[0], generator=g), torch.randn(BATCH, dims[-1], generator=g)
 
 
-def local_batch(case: dict, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = make_data(case)
+def local_batch(case: dict, rank: int, world_size: int,
+                on: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank's slice of the batch (drawn on the CPU, as the grader's reference), on device `on`."""
+    x, y = (t.to(on) for t in make_data(case))
     n = BATCH // world_size
     return x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
 
@@ -131,16 +135,17 @@ def _bounds(student, rank, world_size, case):
     for n in case["sizes"]:
         for p in (1, 2, 3, 4):
             rows = [[int(v) for v in student.shard_bounds(n, p, r)] for r in range(p)]
-            flat = student.flatten_padded([torch.arange(n, dtype=torch.float32)], p)
+            flat = student.flatten_padded([torch.arange(n, dtype=torch.float32,
+                                                        device=device())], p)
             out.append({"numel": n, "world_size": p, "bounds": rows, "flat": flat})
     return out
 
 
 def _zero(student, rank, world_size, case):
-    model = make_model(case)
+    model = make_model(case).to(device())
     optimizer_class, _, options = OPTIMIZERS[case.get("optimizer", "sgd")]
     opt = student.ShardedOptimizer(model.parameters(), optimizer_class, **options)
-    x, y = local_batch(case, rank, world_size)
+    x, y = local_batch(case, rank, world_size, device())
     for _ in range(case.get("steps", 3)):
         opt.zero_grad()
         F.mse_loss(model(x), y).backward()
@@ -151,7 +156,7 @@ def _zero(student, rank, world_size, case):
 
 def _fsdp_model(student, case, rank, world_size) -> nn.Sequential:
     return nn.Sequential(*[student.FSDPLinear(m, world_size, rank) if isinstance(m, nn.Linear)
-                           else m for m in make_model(case)])
+                           else m for m in make_model(case).to(device())])
 
 
 def _held_after_forward(model: nn.Sequential, x: torch.Tensor, init: list[torch.Tensor]):
@@ -183,9 +188,9 @@ def _fsdp(student, rank, world_size, case):
     model = _fsdp_model(student, case, rank, world_size)
     units = [m for m in model if hasattr(m, "shard")]
     init_shards = [u.shard.detach().clone() for u in units]
-    init = [m.weight.detach() for m in make_model(case) if isinstance(m, nn.Linear)]
+    init = [m.weight.detach() for m in make_model(case).to(device()) if isinstance(m, nn.Linear)]
     opt = SGD([u.shard for u in units], **OPTIMIZERS["plain_sgd"][2])
-    x, y = local_batch(case, rank, world_size)
+    x, y = local_batch(case, rank, world_size, device())
     held = None
     for step in range(case.get("steps", 2)):
         opt.zero_grad()
@@ -203,7 +208,7 @@ def _fsdp_state(student, rank, world_size, case):
     model = _fsdp_model(student, case, rank, world_size)
     units = [m for m in model if hasattr(m, "shard")]
     opt = SGD([u.shard for u in units], **OPTIMIZERS["plain_sgd"][2])
-    x, y = local_batch(case, rank, world_size)
+    x, y = local_batch(case, rank, world_size, device())
     opt.zero_grad()
     F.mse_loss(model(x), y).backward()
     opt.step()

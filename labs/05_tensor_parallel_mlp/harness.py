@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolkit import comm
+from toolkit.launch import device
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -74,6 +75,11 @@ def make_inputs(case: dict, world_size: int) -> list[dict]:
         w = {k: v for k, v in w.items() if not k.endswith("bias")}
     one = {k: v.to(dtype) for k, v in w.items()}
     return [one] * world_size
+
+
+def _mine(case: dict, rank: int, world_size: int) -> dict:
+    """Rank `rank`'s inputs (drawn on the CPU, as the grader's), on the rank's device."""
+    return {k: v.to(device()) for k, v in make_inputs(case, world_size)[rank].items()}
 
 
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
@@ -141,13 +147,13 @@ def _shaped(layer, kind: str, out_f: int, in_f: int, p: int, bias: bool) -> bool
 
 def _shards(student, rank, world_size, case):
     """Only `from_dense` (no forward, no communication): this rank's weight and bias."""
-    i = make_inputs(case, world_size)[rank]
+    i = _mine(case, rank, world_size)
     cls = {"column": student.ColumnParallelLinear, "row": student.RowParallelLinear}[case["kind"]]
     return _params("", cls.from_dense(_linear(i["weight"], i.get("bias"))))
 
 
 def _column(student, rank, world_size, case):
-    i = make_inputs(case, world_size)[rank]
+    i = _mine(case, rank, world_size)
     layer = student.ColumnParallelLinear.from_dense(_linear(i["weight"], i.get("bias")))
     if not _shaped(layer, "column", case["d"], case["h"], world_size, "bias" in i):
         return _params("", layer)
@@ -157,7 +163,7 @@ def _column(student, rank, world_size, case):
 
 
 def _row(student, rank, world_size, case):
-    i = make_inputs(case, world_size)[rank]
+    i = _mine(case, rank, world_size)
     layer = student.RowParallelLinear.from_dense(_linear(i["weight"], i.get("bias")))
     if not _shaped(layer, "row", case["d"], case["h"], world_size, "bias" in i):
         return _params("", layer)
@@ -166,7 +172,7 @@ def _row(student, rank, world_size, case):
 
 
 def _mlp(student, rank, world_size, case):
-    i = make_inputs(case, world_size)[rank]
+    i = _mine(case, rank, world_size)
     dense = DenseMLP(case["h"], case["d"], "up.bias" in i)
     dense.up_proj = _linear(i["up.weight"], i.get("up.bias"))
     dense.down_proj = _linear(i["down.weight"], i.get("down.bias"))
@@ -197,7 +203,7 @@ def _held(module: nn.Module) -> int:
 
 
 def _fg(student, rank, world_size, case):
-    i = make_inputs(case, world_size)[rank]
+    i = _mine(case, rank, world_size)
     f = _run(student.copy_to_tp, i["x_f"], i["gy_f"])
     x_g = i["x_g"].clone()
     g = _run(student.reduce_from_tp, x_g, i["gy_g"])

@@ -150,18 +150,20 @@ def _dtype_code(dtype: torch.dtype) -> int:
     return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
 
 
-def agree(g: GroupView, name: str, *, numel: int, dtype: torch.dtype, op: str = "",
-          root: int = -1) -> None:
+def agree(g: GroupView, name: str, *, numel: int, dtype: torch.dtype, device: torch.device,
+          op: str = "", root: int = -1) -> None:
     """Check that this rank and its left neighbour called `name` with the same arguments.
 
     A ring of 48-byte headers (numel, dtype, op, root): if any two ranks differ, some pair of
     neighbours differs and that rank raises, naming both sides, before any payload is sent.
-    Uses the unrecorded send/recv (see the module docstring).
+    Uses the unrecorded send/recv (see the module docstring). The header lives on the payload's
+    `device`: NCCL moves CUDA tensors only.
     """
     if g.size == 1:
         return
     ops = ("",) + REDUCE_OPS
-    mine = torch.tensor([numel, _dtype_code(dtype), ops.index(op), root, 0, 0], dtype=torch.int64)
+    mine = torch.tensor([numel, _dtype_code(dtype), ops.index(op), root, 0, 0], dtype=torch.int64,
+                        device=device)
     theirs = torch.empty_like(mine)
     left, right = (g.rank - 1) % g.size, (g.rank + 1) % g.size
     works = [patch.original("isend")(mine, g.peer(right), group=g.handle),
@@ -172,7 +174,7 @@ def agree(g: GroupView, name: str, *, numel: int, dtype: torch.dtype, op: str = 
         return
 
     def describe(h: torch.Tensor) -> str:
-        n, code, o, r = (int(x) for x in h[:4])
+        n, code, o, r = h[:4].tolist()  # one copy to the host, not four
         dt = str(_DTYPES[code]).removeprefix("torch.") if code < len(_DTYPES) else "another dtype"
         text = f"{n} {dt} elements"
         if o:

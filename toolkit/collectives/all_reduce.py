@@ -37,7 +37,8 @@ def ps_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike = "sum",
     if g.rank < 0 or g.size == 1:
         return tensor
     if check:
-        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, op=op, root=server)
+        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, device=tensor.device, op=op,
+              root=server)
     flat, copied = flat_view(tensor)
     if g.rank == server:
         add, scratch = combine(op), torch.empty_like(flat)
@@ -70,7 +71,7 @@ def sharded_ps_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike 
     if g.rank < 0 or g.size == 1:
         return tensor
     if check:
-        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, op=op)
+        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, device=tensor.device, op=op)
     flat, copied = flat_view(tensor)
     chunks = list(flat.split(chunk_sizes(flat.numel(), g.size)))
     mine = chunks[g.rank]
@@ -106,7 +107,7 @@ def tree_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike = "sum
     if g.rank < 0 or g.size == 1:
         return tensor
     if check:
-        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, op=op)
+        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, device=tensor.device, op=op)
     tree_reduce(tensor, g.peer(0), group, op=op, check=False)
     tree_broadcast(tensor, g.peer(0), group, check=False)
     return tensor

@@ -67,7 +67,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike = "sum
     if g.rank < 0 or g.size == 1:
         return tensor
     if check:
-        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, op=op)
+        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, device=tensor.device, op=op)
     flat, copied = flat_view(tensor)
     chunks = list(flat.split(chunk_sizes(flat.numel(), g.size)))
     reduce_scatter_chunks(g, chunks, op)
@@ -98,7 +98,7 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, *
             f"group needs {sizes[g.rank]} {input.dtype} (its chunk of the {input.numel()}-element "
             f"input split {g.size} ways: {sizes})")
     if check:
-        agree(g, name, numel=input.numel(), dtype=input.dtype, op=op)
+        agree(g, name, numel=input.numel(), dtype=input.dtype, device=input.device, op=op)
     work = input.reshape(-1).clone()
     chunks = list(work.split(sizes))
     reduce_scatter_chunks(g, chunks, op)
@@ -126,7 +126,7 @@ def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group=None, *,
             f"group must contribute {sizes[g.rank]} {output.dtype} (its chunk of the "
             f"{output.numel()}-element output split {g.size} ways: {sizes})")
     if check:
-        agree(g, name, numel=output.numel(), dtype=output.dtype)
+        agree(g, name, numel=output.numel(), dtype=output.dtype, device=output.device)
     flat, copied = flat_view(output)
     chunks = list(flat.split(sizes))
     chunks[g.rank].copy_(input.reshape(-1))

@@ -137,7 +137,8 @@ class RecordedWork:
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         board = _board
         if board is not None:
-            board.post(self._rank, self._seq, self._op + ".wait", self._peer, self._nbytes, self._dtype)
+            board.post(self._rank, self._seq, self._op + ".wait", self._peer, self._nbytes,
+                       self._dtype)
         try:
             return self._work.wait(*args, **kwargs)
         finally:
@@ -162,7 +163,8 @@ class RecordedWork:
 def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
     params = list(inspect.signature(orig).parameters.values())
     index = {p.name: i for i, p in enumerate(params)}
-    default = {p.name: (None if p.default is inspect.Parameter.empty else p.default) for p in params}
+    default = {p.name: (None if p.default is inspect.Parameter.empty else p.default)
+               for p in params}
 
     def arg(args: tuple, kwargs: dict, key: str | None) -> Any:
         if key is None or key not in index:
@@ -207,7 +209,12 @@ def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
                 t = arg(args, kwargs, spec.payload)
                 if isinstance(t, torch.Tensor):
                     offset = t.storage_offset()
-                    if _values_limit and name in ("send", "isend") and t.numel() <= _values_limit:
+                    if (_values_limit and name in ("send", "isend") and t.numel() <= _values_limit
+                            and not t.is_meta):
+                        # Host numbers, never a tensor: events must come back on the CPU. On
+                        # CUDA the copy runs on the current stream after the send was queued;
+                        # both only read the tensor, which the caller may not change before
+                        # wait() anyway.
                         values = tuple(t.detach().reshape(-1).cpu().tolist())
             event = Event(rank, seq, name, peer, nbytes, dtype, shape, start,
                           None if is_async else time.time(), _group_ranks(group), is_async,

@@ -47,7 +47,7 @@ COLUMNS = ["collective", "algorithm", "p", "nbytes", "numel", "dtype", "seconds"
 
 
 def _elements(nbytes: int, dtype: torch.dtype, p: int, collective: str) -> int:
-    size = torch.empty(0, dtype=dtype).element_size()
+    size = dtype.itemsize  # bytes per element, with no tensor made on any device
     n = max(1, nbytes // size)
     if collective in ("reduce_scatter", "all_gather", "scatter", "gather"):
         n = max(p, n - n % p)  # torch's tensor forms of these need p | n
@@ -68,7 +68,8 @@ def _runner(collective: str, algorithm: str, n: int, p: int, rank: int,
     fn = C.get_algorithm(collective, algorithm) if ours and collective in C.ALGORITHMS else None
     calls: dict[str, Callable[[], object]] = {
         "all_reduce": (lambda: fn(full, check=False)) if ours else (lambda: dist.all_reduce(full)),
-        "broadcast": (lambda: fn(full, 0, check=False)) if ours else (lambda: dist.broadcast(full, 0)),
+        "broadcast": ((lambda: fn(full, 0, check=False)) if ours
+                      else (lambda: dist.broadcast(full, 0))),
         "reduce": (lambda: fn(full, 0, check=False)) if ours else (lambda: dist.reduce(full, 0)),
         "reduce_scatter": ((lambda: C.ring_reduce_scatter(piece, full, check=False)) if ours
                            else (lambda: _RS_TENSOR(piece, full))),
@@ -168,7 +169,7 @@ def measure(cases: Iterable[tuple[str, str]], *, sizes: Sequence[int], world_siz
             collective, algorithm, _ = key
             slowest = [max(r[0][key][1][i] for r in per_rank) for i in range(repeats)]
             sec = statistics.median(slowest)
-            nb = n * torch.empty(0, dtype=dtype).element_size()
+            nb = n * dtype.itemsize
             rows.append(dict(collective=collective, algorithm=algorithm, p=int(p), nbytes=nb,
                              numel=n, dtype=str(dtype).removeprefix("torch."), seconds=sec,
                              min_seconds=min(slowest), algbw=nb / sec,

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Sequence
 
-import torch
 from torch import Tensor, nn
 
 __all__ = ["accumulate_gradients", "split_batch"]
@@ -79,7 +78,7 @@ def accumulate_gradients(
         raise ValueError(f"accumulate_gradients: every micro-batch needs >= 1 item, got {sizes}")
     total = sum(sizes)
     no_sync = getattr(model, "no_sync", None) if sync_last_only else None
-    mean_loss = torch.zeros(())
+    mean_loss: Tensor | None = None  # the first loss sets its device (and dtype)
     for j, (mb, n_j) in enumerate(zip(micro_batches, sizes)):
         last = j == len(micro_batches) - 1
         ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
@@ -87,5 +86,5 @@ def accumulate_gradients(
             # n_j / N == 1/k for equal micro-batches: see the module docstring for why.
             loss = loss_fn(model, *mb) * (n_j / total)
             loss.backward()
-        mean_loss = mean_loss + loss.detach()
+        mean_loss = loss.detach() if mean_loss is None else mean_loss + loss.detach()
     return mean_loss

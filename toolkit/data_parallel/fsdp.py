@@ -62,7 +62,8 @@ class FlatGroup:
         self.world_size, self.group, self.trainable = world_size, group, trainable
         self.numel = sum(p.numel() for p, _, _ in params)
         self.shard_numel = shard_numel(self.numel, world_size)
-        flat = torch.zeros(world_size * self.shard_numel, dtype=torch.float32)
+        device = params[0][0].device  # shard and gathered buffer live where the parameters do
+        flat = torch.zeros(world_size * self.shard_numel, dtype=torch.float32, device=device)
         self.entries: list[tuple[int, int, torch.Size, list[Slot], str]] = []
         offset = 0
         for p, slots, name in params:
@@ -72,7 +73,7 @@ class FlatGroup:
         lo = rank * self.shard_numel
         self.shard = nn.Parameter(flat[lo:lo + self.shard_numel].clone(), requires_grad=trainable)
         self.dtype = compute_dtype or torch.float32
-        self.full = torch.zeros(world_size * self.shard_numel, dtype=self.dtype,
+        self.full = torch.zeros(world_size * self.shard_numel, dtype=self.dtype, device=device,
                                 requires_grad=trainable)
         self._free()
         self.pending: tuple[Any, Tensor] | None = None  # (async work, its input) of a prefetch
@@ -120,7 +121,7 @@ class FlatGroup:
         """Post-accumulate hook: mean gradient of my shard (reduced in fp32), then free."""
         grad = full.grad.float()
         full.grad = None
-        mine = torch.empty(self.shard_numel, dtype=torch.float32)
+        mine = torch.empty(self.shard_numel, dtype=torch.float32, device=grad.device)
         dist.reduce_scatter_tensor(mine, grad, group=self.group)
         mine.div_(self.world_size)
         if self.shard.grad is None:
@@ -131,7 +132,8 @@ class FlatGroup:
 
     def gather_fp32(self) -> Tensor:
         """The full fp32 parameters (a new tensor; for `full_state_dict`)."""
-        out = torch.empty(self.world_size * self.shard_numel, dtype=torch.float32)
+        out = torch.empty(self.world_size * self.shard_numel, dtype=torch.float32,
+                          device=self.shard.device)
         dist.all_gather_into_tensor(out, self.shard.detach(), group=self.group)
         return out
 

@@ -52,7 +52,10 @@ class FlatShard:
         self.shard_numel = shard_numel(self.numel, world_size)
         self.padding = world_size * self.shard_numel - self.numel
         dtype = params[0].dtype if params else torch.float32
-        self.flat = torch.zeros(world_size * self.shard_numel, dtype=dtype)
+        # On the parameters' device: `p.data = self.flat[...]` below would otherwise move CUDA
+        # parameters to the CPU.
+        device = params[0].device if params else None
+        self.flat = torch.zeros(world_size * self.shard_numel, dtype=dtype, device=device)
         self.offsets: list[int] = []
         offset = 0
         with torch.no_grad():
@@ -154,7 +157,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 grad.div_(self.world_size)  # every .grad window now holds the mean gradient
                 shard.grad = flat.local(grad)
             else:
-                mine = torch.empty(flat.shard_numel, dtype=grad.dtype)
+                mine = grad.new_empty(flat.shard_numel)
                 dist.reduce_scatter_tensor(mine, grad, group=self.group)  # (N-1)/N · Ψ
                 del grad  # the full gradient is gone from here on
                 mine.div_(self.world_size)

@@ -9,7 +9,7 @@ then counts the bytes of parameters, gradients and optimizer state the rank hold
     zero1        `ShardedOptimizer(stage=1)`                                      (stage 1)
     zero2        `ShardedOptimizer(stage=2)`                                      (stage 2)
     fsdp         `FullyShardedDataParallel`, each block a unit                    (stage 3)
-    torch_fsdp2  torch's `fully_shard` on a CPU device mesh; per-parameter (dim-0) shards in
+    torch_fsdp2  torch's `fully_shard` on the ranks' device mesh; per-parameter (dim-0) shards in
                  DTensors, collectives `all_gather_single` / `reduce_scatter_single` (stage 3)
 
 Predictions (`predicted_rows`): the paper's exact Ψ/N_d, and what each implementation stores:
@@ -47,8 +47,9 @@ def _build(method: str, cfg: GPTConfig, lr: float) -> tuple[Any, torch.optim.Opt
     """(model to call, optimizer, flat group sizes) for one method on this rank."""
     from ..data_parallel.fsdp import FullyShardedDataParallel
     from ..data_parallel.zero import ShardedOptimizer
+    from ..launch import device
 
-    model = TinyGPT(cfg)
+    model = TinyGPT(cfg, device=device())
     if method == "ddp":
         return model, torch.optim.Adam(model.parameters(), lr=lr), []
     if method in ("zero1", "zero2"):
@@ -62,7 +63,7 @@ def _build(method: str, cfg: GPTConfig, lr: float) -> tuple[Any, torch.optim.Opt
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        mesh = init_device_mesh(device().type, (dist.get_world_size(),))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -73,8 +74,9 @@ def _build(method: str, cfg: GPTConfig, lr: float) -> tuple[Any, torch.optim.Opt
 def _rank_run(rank: int, world_size: int, methods: Sequence[str], cfg: GPTConfig, steps: int,
               batch: int, lr: float) -> list[dict]:
     from .. import comm
+    from ..launch import device
 
-    x, y = make_token_data(batch, cfg.seq_len, cfg.vocab_size)
+    x, y = make_token_data(batch, cfg.seq_len, cfg.vocab_size, device=device())
     n = batch // world_size
     xs, ys = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
     out = []

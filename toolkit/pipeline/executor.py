@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..collectives import chunk_bounds  # the torch.tensor_split rule, shared with every split
-from .schedules import Op, Schedule, make_schedule
+from .schedules import Schedule, make_schedule
 from .simulate import COLUMNS, idle_fraction
 from .validate import check_schedule
 from .work import no_delay
@@ -183,7 +183,7 @@ def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor
         if src == rank:
             posted[i] = ("local", tag)
             return
-        buf = torch.empty(shape, dtype=dtype)
+        buf = torch.empty(shape, dtype=dtype, device=x.device)
         posted[i] = (dist.irecv(buf, src=src, tag=tag), buf)
 
     def receive(i: int) -> Tensor | None:
@@ -222,8 +222,9 @@ def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor
                 # the whole batch. Once per tensor (a ReLU's output is the next Linear's input).
                 nonlocal saved
                 key = (t.data_ptr(), t.numel())
-                if t.untyped_storage().data_ptr() not in param_ptrs and key not in seen:
-                    seen.add(key)
+                # `seen` is this op's set: pack runs only inside this iteration's forward.
+                if t.untyped_storage().data_ptr() not in param_ptrs and key not in seen:  # noqa: B023
+                    seen.add(key)  # noqa: B023
                     saved += t.numel() * t.element_size()
                 return t
 
@@ -294,8 +295,10 @@ def run_pipeline(layers: Sequence[nn.Module] | nn.Sequential, x: Tensor, y: Tens
                          f"{len(x)} samples; use m <= {len(x)}")
     from ..launch import spawn   # late: the launcher is only needed to run
 
+    # gloo whatever GPUs there are: the timings come from `Delay` sleeps on the host, and the
+    # layers and batch arrive on the CPU (run_stage itself follows the data's device).
     results = spawn(run_stage, sched.p, layers, x, y, sched, loss_fn, timeout=timeout,
-                    echo=False)
+                    echo=False, backend="gloo")
     table = pd.DataFrame([row for res in results for row in res["rows"]],
                          columns=COLUMNS + ["wait"])
     t0 = table["start"].min()
