@@ -22,8 +22,8 @@ from .states import (
 )
 
 __all__ = [
-    "ATTENTION", "FP32_ADAM", "GB", "MIXED_ADAM", "MODELS", "RECIPES", "RECOMPUTE", "SGD", "SGD_MOMENTUM",
-    "STAGES", "Budget", "GiB", "Held", "ModelShape", "ModelStates", "Recipe",
+    "ATTENTION", "FP32_ADAM", "GB", "MIXED_ADAM", "MODELS", "RECIPES", "RECOMPUTE", "SGD",
+    "SGD_MOMENTUM", "STAGES", "Budget", "GiB", "Held", "ModelShape", "ModelStates", "Recipe",
     "activation_bytes", "activation_bytes_per_layer", "budget", "held_model_states",
     "model_shape", "model_state_bytes", "shard_numel", "states_budget", "storage_bytes",
 ]
