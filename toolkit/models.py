@@ -185,7 +185,10 @@ class Block(nn.Module):
         self.ln_2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg)
 
     def forward(self, x: Tensor, attend: Attend | None = None) -> Tensor:
-        x = x + self.attn(self.ln_1(x), attend)  # attend: see CausalSelfAttention.forward
+        # attend: see CausalSelfAttention.forward. Passed only when given, so that a block whose
+        # attn was swapped for another module (a tensor-parallel one) still runs.
+        y = self.ln_1(x)
+        x = x + (self.attn(y) if attend is None else self.attn(y, attend))
         return x + self.mlp(self.ln_2(x))
 
 

@@ -7,7 +7,7 @@ forward kept (every segment's input, plus what lies outside the segments), plus 
 keeps while it is rerun in backward (`StepMeasure.peak_bytes`). `measure` adds forward and
 backward time, so the extra forward shows; `sweep` runs every case on several CPU ranks at once
 (each rank a whole step of its own, no communication) and adds FLOPs counted by
-`torch.utils.flop_counter.FlopCounterMode`.
+`torch.utils.flop_counter.FlopCounterMode` on rank 0.
 """
 
 from __future__ import annotations
@@ -144,8 +144,9 @@ def _rank_sweep(rank: int, world_size: int, model: TinyGPT | TinyMLP, inputs: Te
         rows.append(dict(case=_case_name(case), every=case.get("every"), rank=rank,
                          saved=m.saved_bytes, segment=m.segment_bytes, peak=m.peak_bytes,
                          forward_s=m.forward_s, backward_s=m.backward_s,
-                         flops=count_flops(_step(model, checkpointed(model, **case), inputs,
-                                                 targets)),
+                         # Deterministic: counted once, on rank 0 (FlopCounterMode is slow).
+                         flops=None if rank else count_flops(
+                             _step(model, checkpointed(model, **case), inputs, targets)),
                          grad_diff=max((m.grads[k] - plain[k]).abs().max().item()
                                        for k in plain)))
     model.zero_grad(set_to_none=True)
@@ -170,12 +171,16 @@ def sweep(model: TinyGPT | TinyMLP, inputs: Tensor, targets: Tensor,
 
     if not cases:
         raise ValueError("sweep: give at least one case, e.g. [{'every': None}, {'every': 1}]")
+    # FlopCounterMode imports torch._dynamo on its first count (seconds). Imported here, once,
+    # the forked ranks inherit it instead of each paying for it on every sweep.
+    import torch._dynamo  # noqa: F401
+
     results = spawn(_rank_sweep, world_size, model, inputs, targets, list(cases), repeats,
                     timeout=timeout, echo=False)
     frame = pd.DataFrame([row for rows in results for row in rows])
     out = []
     for name, rows in frame.groupby("case", sort=False):
-        for col in ("saved", "segment", "peak", "flops"):
+        for col in ("saved", "segment", "peak"):
             if rows[col].nunique() != 1:
                 raise RuntimeError(f"sweep: ranks disagree on {col} for {name}: "
                                    f"{sorted(rows[col])}")
@@ -183,6 +188,6 @@ def sweep(model: TinyGPT | TinyMLP, inputs: Tensor, targets: Tensor,
         first = rows.iloc[0]
         out.append(dict(case=name, every=first.every, saved=int(first.saved),
                         segment=int(first.segment), peak=int(first.peak),
-                        flops=int(first.flops), step_s=statistics.median(steps),
+                        flops=int(rows.flops.dropna().iloc[0]), step_s=statistics.median(steps),
                         spread_s=max(steps) - min(steps), grad_diff=rows.grad_diff.max()))
     return pd.DataFrame(out).set_index("case")

@@ -26,7 +26,7 @@ from ..memory import GiB, activation_bytes_per_layer, model_shape
 from ..models import GPTConfig
 from ..recompute.chen import best_every, chen_memory
 
-__all__ = ["recompute_tradeoff", "recompute_view"]
+__all__ = ["recompute_tradeoff", "recompute_view", "sweep_figure"]
 
 COLORS = {"none": "#d62728", "flash": "#17becf", "selective": "#2ca02c", "segments": "#1f77b4"}
 
@@ -100,3 +100,24 @@ def recompute_view(*, model: str, seq_len: int, batch: int) -> tuple[go.Figure, 
                f"{t['memory']['flash'] / GiB:.3g} GiB (+{100 * t['extra']['flash']:.1f} %, "
                f"inside the kernel); none {t['memory']['none'] / GiB:.3g} GiB.")
     return fig, verdict
+
+
+def sweep_figure(table, *, unit_bytes: float, unit: str, formula: str | None = None,
+                 title: str = "") -> go.Figure:
+    """A `toolkit.recompute.sweep` table drawn: left, the measured peak (in `unit`s of
+    `unit_bytes`) per case, with the column `formula` (bytes) as a line when given; right, the
+    step time per case, the median over ranks with the spread between ranks as an error bar."""
+    cases = list(table.index)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
+        f"peak activation memory ({unit}s)", "step time, median over ranks (ms)"))
+    fig.add_trace(go.Bar(x=cases, y=table["peak"] / unit_bytes, name="measured peak",
+                         marker_color=COLORS["segments"]), row=1, col=1)
+    if formula is not None:
+        fig.add_trace(go.Scatter(x=cases, y=table[formula] / unit_bytes, mode="lines+markers",
+                                 name=formula, line_color="black"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=cases, y=1e3 * table["step_s"], mode="markers",
+                             error_y=dict(type="data", array=500 * table["spread_s"]),
+                             name="step time (± half the spread)",
+                             marker_color=COLORS["none"]), row=1, col=2)
+    fig.update_layout(height=380, title=title, margin=dict(t=80), legend=dict(orientation="h"))
+    return fig
