@@ -151,7 +151,8 @@ def test_sweep_on_two_ranks_agrees_with_measure() -> None:
     mlp = TinyMLP(d_in=H, d_hidden=H, d_out=H, depth=L)
     x, y = make_regression_data(N, H, H)
     table = sweep(mlp, x, y, [{"every": None}, {"every": 2}, {"every": 3}], world_size=2,
-                  repeats=1, timeout=60)
+                  repeats=1, flops=("none", "every 2"), timeout=60)
+    assert table.flops.isna().tolist() == [False, False, True]  # counted where asked only
     assert list(table.index) == ["none", "every 2", "every 3"]
     for k in (2, 3):
         assert table.loc[f"every {k}", "peak"] == measure(mlp, x, y, every=k, repeats=1).peak_bytes

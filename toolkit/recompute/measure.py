@@ -16,7 +16,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -127,6 +127,10 @@ def _case_name(case: dict[str, Any]) -> str:
     return "none" if case.get("every") is None else f"every {case['every']}"
 
 
+def _wanted(flops: bool | Collection[str], name: str) -> bool:
+    return flops if isinstance(flops, bool) else name in flops
+
+
 def _step(model: Any, ck: Any, inputs: Tensor, targets: Tensor) -> Callable[[], None]:
     def step() -> None:
         model.zero_grad(set_to_none=True)
@@ -135,7 +139,8 @@ def _step(model: Any, ck: Any, inputs: Tensor, targets: Tensor) -> Callable[[], 
 
 
 def _rank_sweep(rank: int, world_size: int, model: TinyGPT | TinyMLP, inputs: Tensor,
-                targets: Tensor, cases: list[dict[str, Any]], repeats: int) -> list[dict]:
+                targets: Tensor, cases: list[dict[str, Any]], repeats: int,
+                flops: bool | Collection[str] = True) -> list[dict]:
     rows, plain = [], None
     for case in cases:
         m = measure(model, inputs, targets, repeats=repeats, **case)
@@ -145,8 +150,8 @@ def _rank_sweep(rank: int, world_size: int, model: TinyGPT | TinyMLP, inputs: Te
                          saved=m.saved_bytes, segment=m.segment_bytes, peak=m.peak_bytes,
                          forward_s=m.forward_s, backward_s=m.backward_s,
                          # Deterministic: counted once, on rank 0 (FlopCounterMode is slow).
-                         flops=None if rank else count_flops(
-                             _step(model, checkpointed(model, **case), inputs, targets)),
+                         flops=None if rank or not _wanted(flops, _case_name(case)) else
+                         count_flops(_step(model, checkpointed(model, **case), inputs, targets)),
                          grad_diff=max((m.grads[k] - plain[k]).abs().max().item()
                                        for k in plain)))
     model.zero_grad(set_to_none=True)
@@ -155,7 +160,7 @@ def _rank_sweep(rank: int, world_size: int, model: TinyGPT | TinyMLP, inputs: Te
 
 def sweep(model: TinyGPT | TinyMLP, inputs: Tensor, targets: Tensor,
           cases: Sequence[dict[str, Any]], *, world_size: int = 2, repeats: int = 3,
-          timeout: float = 120):
+          flops: bool | Collection[str] = True, timeout: float = 120):
     """Every case (keyword arguments of `measure`, e.g. ``{"every": 4}``; the first should be
     ``{"every": None}``, the reference for gradients) measured on `world_size` CPU ranks at once.
 
@@ -175,7 +180,7 @@ def sweep(model: TinyGPT | TinyMLP, inputs: Tensor, targets: Tensor,
     # the forked ranks inherit it instead of each paying for it on every sweep.
     import torch._dynamo  # noqa: F401
 
-    results = spawn(_rank_sweep, world_size, model, inputs, targets, list(cases), repeats,
+    results = spawn(_rank_sweep, world_size, model, inputs, targets, list(cases), repeats, flops,
                     timeout=timeout, echo=False)
     frame = pd.DataFrame([row for rows in results for row in rows])
     out = []
@@ -188,6 +193,7 @@ def sweep(model: TinyGPT | TinyMLP, inputs: Tensor, targets: Tensor,
         first = rows.iloc[0]
         out.append(dict(case=name, every=first.every, saved=int(first.saved),
                         segment=int(first.segment), peak=int(first.peak),
-                        flops=int(rows.flops.dropna().iloc[0]), step_s=statistics.median(steps),
+                        flops=rows.flops.dropna().iloc[0] if rows.flops.notna().any() else
+                        float("nan"), step_s=statistics.median(steps),
                         spread_s=max(steps) - min(steps), grad_diff=rows.grad_diff.max()))
     return pd.DataFrame(out).set_index("case")
