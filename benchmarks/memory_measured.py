@@ -68,8 +68,8 @@ def main() -> None:
           "FSDP: one per unit); torch FSDP2: every parameter split along dim 0, params and grads "
           "padded to ⌈d0/N_d⌉ rows, Adam state not (so its ranks differ).\n"
           "volume/step: ring bytes one rank sends per step for its recorded "
-          "collectives ÷ ((N−1)/N · Ψ·4): 2 for DDP and ZeRO-2, 3 for ZeRO-1 as built "
-          "(all-reduce + all-gather) and for FSDP (a little less: its root is gathered once).")
+          "collectives ÷ ((N−1)/N · Ψ·4): 2 for DDP, ZeRO-1 and ZeRO-2 (reduce-scatter + "
+          "all-gather), 3 for FSDP (a little less: its root is gathered once).")
     if args.csv:
         df.to_csv(args.csv, index=False)
         print(f"\nwrote {args.csv}")

@@ -38,8 +38,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from .models import GPTConfig, TinyGPT
 
 __all__ = ["A100_BF16", "A100_FP32", "H100_PCIE_BF16", "H100_SXM_BF16", "PEAK_FLOPS",
-           "V100_FP16", "count_flops", "flops_per_token", "hfu", "matmul_params", "matmul_peak",
-           "measure_step", "mfu", "recompute_flops", "step_flops", "timed"]
+           "V100_FP16", "count_flops", "flash_recompute_flops", "flops_per_token", "hfu",
+           "matmul_params", "matmul_peak", "measure_step", "mfu", "recompute_flops",
+           "step_flops", "timed"]
 
 # Peak dense tensor-core throughput, FLOP/s (vendor datasheets; "with sparsity" figures halved).
 V100_FP16 = 125e12  # NVIDIA V100 SXM2 datasheet, fp16 tensor core
@@ -91,6 +92,13 @@ def recompute_flops(cfg: GPTConfig, *, seq_len: int | None = None,
     if recompute == "full":
         return 2 * L * (4 * h * h + 2 * h * cfg.ff_dim) + attention
     raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+
+
+def flash_recompute_flops(cfg: GPTConfig, *, seq_len: int | None = None) -> float:
+    """Extra FLOPs per token of a FlashAttention-style kernel: its backward recomputes the
+    scores q·kᵀ instead of reading them back (Dao et al., 2022, "FlashAttention", §3.1 and the
+    backward pass of appendix B), 2·L·h·s per token; they count in HFU, not in MFU."""
+    return float(2 * cfg.n_layer * cfg.d_model * _seq(cfg, seq_len))
 
 
 def step_flops(cfg: GPTConfig, batch: int, *, seq_len: int | None = None,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,9 @@ __all__ = [
     "GPTConfig", "TinyGPT", "TinyMLP", "count_parameters", "gpt_param_count",
     "make_regression_data", "make_token_data",
 ]
+
+Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
+"""An attention core: (q, k, v), each (b, nh, s, hd) -> (b, nh, s, hd)."""
 
 
 DeviceLike = torch.device | str | None
@@ -149,20 +153,29 @@ class CausalSelfAttention(nn.Module):
         self.out_proj = nn.Linear(h, h)
         self.attn_drop, self.resid_drop = nn.Dropout(cfg.dropout), nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, attend: Attend | None = None) -> Tensor:
+        """`attend` replaces the attention core `self.attend` (same inputs and output), e.g. to
+        recompute it in backward (`toolkit.recompute`'s selective recomputation)."""
         b, s, h = x.shape
         nh, hd = self.n_head, self.head_dim
         # (b, s, h) @ (h, h) -> (b, s, h) -> (b, nh, s, hd), one each for q, k, v
         q = self.q_proj(x).view(b, s, nh, hd).transpose(1, 2)
         k = self.k_proj(x).view(b, s, nh, hd).transpose(1, 2)
         v = self.v_proj(x).view(b, s, nh, hd).transpose(1, 2)
-        # (b, nh, s, hd) @ (b, nh, hd, s) -> (b, nh, s, s)
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
-        future = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
-        att = self.attn_drop(att.masked_fill(future, float("-inf")).softmax(dim=-1))
-        y = att @ v  # (b, nh, s, s) @ (b, nh, s, hd) -> (b, nh, s, hd)
+        y = (attend or self.attend)(q, k, v)  # (b, nh, s, hd)
         y = y.transpose(1, 2).reshape(b, s, h)  # (b, nh, s, hd) -> (b, s, h)
         return self.resid_drop(self.out_proj(y))  # (b, s, h) @ (h, h) -> (b, s, h)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The attention core, softmax(q kᵀ/√d, causal) v, with dropout on the probabilities:
+        (b, nh, s, hd) three times -> (b, nh, s, hd). It keeps the (b, nh, s, s) scores for
+        backward, the 5·a·s²·b term of Korthikanti et al. 2022 (toolkit.memory.activations)."""
+        s = q.shape[-2]
+        # (b, nh, s, hd) @ (b, nh, hd, s) -> (b, nh, s, s)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        att = self.attn_drop(att.masked_fill(future, float("-inf")).softmax(dim=-1))
+        return att @ v  # (b, nh, s, s) @ (b, nh, s, hd) -> (b, nh, s, hd)
 
 
 class MLP(nn.Module):
@@ -187,8 +200,11 @@ class Block(nn.Module):
         self.ln_1, self.attn = nn.LayerNorm(cfg.d_model), CausalSelfAttention(cfg)
         self.ln_2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: Tensor, attend: Attend | None = None) -> Tensor:
+        # attend: see CausalSelfAttention.forward. Passed only when given, so that a block whose
+        # attn was swapped for another module (a tensor-parallel one) still runs.
+        y = self.ln_1(x)
+        x = x + (self.attn(y) if attend is None else self.attn(y, attend))
         return x + self.mlp(self.ln_2(x))
 
 

@@ -103,9 +103,12 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def tree_broadcast(tensor: torch.Tensor, src: int) -> torch.Tensor:
-    """Copy rank `src`'s `tensor` into every rank's `tensor` (in place) along a binomial tree:
-    in round k every rank that has the data sends it 2^k ranks further, so it takes ⌈log₂ p⌉
-    rounds and no rank sends more than ⌈log₂ p⌉ messages."""
+    """Copy rank `src`'s `tensor` into every rank's `tensor` (in place) along a binomial tree,
+    largest offset first: with ranks numbered v = (rank − src) mod p and D = 2^(⌈log₂ p⌉ − 1),
+    in round k = 1, 2, … every rank that has the data sends it D/2^(k−1) positions further
+    when that position is below p (half the tree's span first, …, 1 last: at p = 8 the root
+    sends to v = 4, then 2, then 1), so it takes ⌈log₂ p⌉ rounds and no rank sends more than
+    ⌈log₂ p⌉ messages."""
     rank, p = dist.get_rank(), dist.get_world_size()
     ### BEGIN SOLUTION
     me = (rank - src) % p  # position in the tree, the root at 0

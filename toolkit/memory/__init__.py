@@ -12,7 +12,7 @@ Sources: ZeRO (Rajbhandari et al., SC 2020) for model states, Korthikanti et al.
 activations; see each module.
 """
 
-from .activations import RECOMPUTE, activation_bytes, activation_bytes_per_layer
+from .activations import ATTENTION, RECOMPUTE, activation_bytes, activation_bytes_per_layer
 from .budget import Budget, budget, states_budget
 from .measured import Held, held_model_states, storage_bytes
 from .shapes import MODELS, ModelShape, model_shape
@@ -22,8 +22,8 @@ from .states import (
 )
 
 __all__ = [
-    "FP32_ADAM", "GB", "MIXED_ADAM", "MODELS", "RECIPES", "RECOMPUTE", "SGD", "SGD_MOMENTUM",
-    "STAGES", "Budget", "GiB", "Held", "ModelShape", "ModelStates", "Recipe",
+    "ATTENTION", "FP32_ADAM", "GB", "MIXED_ADAM", "MODELS", "RECIPES", "RECOMPUTE", "SGD",
+    "SGD_MOMENTUM", "STAGES", "Budget", "GiB", "Held", "ModelShape", "ModelStates", "Recipe",
     "activation_bytes", "activation_bytes_per_layer", "budget", "held_model_states",
     "model_shape", "model_state_bytes", "shard_numel", "states_budget", "storage_bytes",
 ]

@@ -16,9 +16,9 @@ module      holds
 ==========  =====================================================================================
 `cluster`   `Cluster` (GPUs per node, memory, intra/inter-node α-β, peak), presets `CLUSTERS`,
             `cluster(name, nodes=)`, `laptop(link=, peak_flops=)` for CPU ranks
-`layout`    `Layout` (dp, tp, pp, cp, ZeRO stage, micro-batches, recompute), the rank grid
+`layout`    `Layout` (dp, tp, pp, cp, ZeRO stage, micro-batches, recompute, attention), the grid
             (`coords`, `groups`, `span`), `AXES`
-`plan`      `predict` (one layout: memory parts, time parts, MFU), `layouts` (enumerate),
+`plan`      `predict` (one layout: memory parts, time parts, MFU, HFU), `layouts` (enumerate),
             `plan` (predict all, rank), `as_shape`, `EFFICIENCY`
 `measure`   real steps of TinyGPT on CPU ranks under a layout (dp and tp), the laptop's
             FLOP/s and α-β, for predicted-vs-measured tables

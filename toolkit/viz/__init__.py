@@ -17,6 +17,7 @@
     viz.stage_bars(7.5e9, 64)           # model states per device for ZeRO stages 0-3
     viz.matmul_split("column", p)       # Y = X·A split over p ranks, every block's shape
     viz.tp_time_view(hidden=h, tp=8, tokens=n, bandwidth_gbs=50)  # TP all-reduces vs compute
+    viz.recompute_view(model="gpt3-175b", seq_len=2048, batch=1)  # memory vs extra FLOPs
 
 No function here starts processes or holds widgets; `toolkit.widgets` wires sliders to them.
 """
@@ -27,12 +28,14 @@ from .planner import memory_time, mesh_grid, predicted_measured, time_bars
 from .data_parallel import computation_graph, training_curves
 from .ddp import overlap_timeline, scaling_figure
 from .memory import measured_vs_predicted, memory_bars, stage_bars
+from .recompute import recompute_tradeoff, recompute_view
 from .ring import ring_animation, ring_table
 from .tensor_parallel import matmul_split, tp_time_view, traffic_bars
 from .timeline import timeline, traffic_matrix
 
-__all__ = ["bus_bandwidth", "computation_graph", "cost_curves", "cost_terms", "gantt", "gantt_compare", "matmul_split", "measured_vs_predicted",
-           "memory_bars", "memory_time", "mesh_grid", "overlap_timeline", "predicted_measured", "predicted_times",
-           "scaling_figure", "stage_bars", "time_bars", "training_curves",
-           "ring_animation", "ring_table", "timeline", "tp_time_view", "traffic_and_rounds",
-           "traffic_bars", "traffic_matrix"]
+__all__ = ["bus_bandwidth", "computation_graph", "cost_curves", "cost_terms", "gantt",
+           "gantt_compare", "matmul_split", "measured_vs_predicted", "memory_bars", "memory_time",
+           "mesh_grid", "overlap_timeline", "predicted_measured", "predicted_times",
+           "recompute_tradeoff", "recompute_view", "ring_animation", "ring_table",
+           "scaling_figure", "stage_bars", "time_bars", "timeline", "tp_time_view",
+           "traffic_and_rounds", "traffic_bars", "traffic_matrix", "training_curves"]
