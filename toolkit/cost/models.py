@@ -8,24 +8,38 @@ needs `a` message rounds and moves `b·n` bytes on its busiest path takes
 so every model here is the pair of coefficients (a(p), b(p)) for p ranks (Thakur, Rabenseifner &
 Gropp, IJHPCA 2005; Patarasuk & Yuan, JPDC 2009; table in REFERENCES.md):
 
-====================  ==============  ===============  =============================================
-collective/algorithm  a(p)            b(p)             why
-====================  ==============  ===============  =============================================
-all_reduce/ring       2(p−1)          2(p−1)/p         p−1 reduce-scatter + p−1 all-gather steps of n/p
-all_reduce/ps         2(p−1)          2(p−1)           root receives p−1 tensors, then sends p−1
-all_reduce/sharded_ps 2(p−1)          2(p−1)/p         each rank serves n/p; p−1 messages in, p−1 out
-all_reduce/tree       2⌈log₂p⌉        2⌈log₂p⌉         tree reduce + tree broadcast, whole tensor per hop
-broadcast/linear      p−1             p−1              the root sends the tensor p−1 times
-broadcast/tree        ⌈log₂p⌉         ⌈log₂p⌉          holders double each round
-reduce/linear         p−1             p−1              mirror of the linear broadcast
-reduce/tree           ⌈log₂p⌉         ⌈log₂p⌉          mirror of the tree broadcast
-reduce_scatter/ring   p−1             (p−1)/p          half of the ring all-reduce
-all_gather/ring       p−1             (p−1)/p          the other half
-scatter/linear        p−1             (p−1)/p          one n/p piece to each other rank
-gather/linear         p−1             (p−1)/p          one n/p piece from each other rank
-====================  ==============  ===============  =============================================
+=========================  ========  ========  ==============================================
+collective/algorithm       a(p)      b(p)      why
+=========================  ========  ========  ==============================================
+all_reduce/ring            2(p−1)    2(p−1)/p  p−1 reduce-scatter + p−1 all-gather steps of n/p
+all_reduce/sliced_ring     2(p−1)    2(p−1)/p  the same ring, each chunk sent in S slices
+all_reduce/ps              2(p−1)    2(p−1)    root receives p−1 tensors, then sends p−1
+all_reduce/sharded_ps      2(p−1)    2(p−1)/p  each rank serves n/p: p−1 steps in, p−1 out
+all_reduce/tree            2⌈log₂p⌉  2⌈log₂p⌉  tree reduce + tree broadcast, whole tensor
+broadcast/linear           p−1       p−1       the root sends the tensor p−1 times
+broadcast/tree             ⌈log₂p⌉   ⌈log₂p⌉   holders double each round
+reduce/linear              p−1       p−1       mirror of the linear broadcast
+reduce/tree                ⌈log₂p⌉   ⌈log₂p⌉   mirror of the tree broadcast
+reduce_scatter/ring        p−1       (p−1)/p   half of the ring all-reduce
+reduce_scatter/sliced_ring p−1       (p−1)/p   the same, in slices
+all_gather/ring            p−1       (p−1)/p   the other half
+all_gather/sliced_ring     p−1       (p−1)/p   the same, in slices
+scatter/linear             p−1       (p−1)/p   one n/p piece to each other rank
+gather/linear              p−1       (p−1)/p   one n/p piece from each other rank
+=========================  ========  ========  ==============================================
+
+"Rounds" assume one port per rank (Thakur et al. §2): a rank sends one message and receives one
+at a time, so messages that share a rank's link follow one another. Every algorithm here sends
+at most one message each way per round, so a(p) is what the code does (the sharded parameter
+server too: its p−1 messages per phase go in p−1 steps, one to each server in turn).
 
 Compute (the additions of a reduction) is not modelled: on a CPU it is folded into the fitted β.
+So the sliced ring has the ring's coefficients: it sends the same bytes, and in a pipeline of S
+slices per chunk the slices of a step follow one another on the link like one message (the
+extra latency of the S−1 slices in flight is folded into α). What slicing saves is the time of
+the adds, which this model does not see: `toolkit.cost.slicing` adds a term γ for them.
+Where one line cannot follow the measurement (libraries and machines change protocol with
+size), `toolkit.cost.piecewise` fits α and β per size regime.
 
 Bandwidths as nccl-tests defines them (doc/PERFORMANCE.md): algorithm bandwidth algbw = n / t;
 bus bandwidth busbw = algbw · factor, factor 2(p−1)/p for all-reduce, (p−1)/p for
@@ -53,11 +67,14 @@ COEFFICIENTS: dict[str, dict[str, Callable[[int], tuple[float, float]]]] = {
         "ps": lambda p: (2 * (p - 1), 2 * (p - 1)),
         "sharded_ps": lambda p: (2 * (p - 1), 2 * (p - 1) / p),
         "tree": lambda p: (2 * _log2(p), 2 * _log2(p)),
+        "sliced_ring": lambda p: (2 * (p - 1), 2 * (p - 1) / p),
     },
     "broadcast": {"linear": lambda p: (p - 1, p - 1), "tree": lambda p: (_log2(p), _log2(p))},
     "reduce": {"linear": lambda p: (p - 1, p - 1), "tree": lambda p: (_log2(p), _log2(p))},
-    "reduce_scatter": {"ring": lambda p: (p - 1, (p - 1) / p)},
-    "all_gather": {"ring": lambda p: (p - 1, (p - 1) / p)},
+    "reduce_scatter": {"ring": lambda p: (p - 1, (p - 1) / p),
+                       "sliced_ring": lambda p: (p - 1, (p - 1) / p)},
+    "all_gather": {"ring": lambda p: (p - 1, (p - 1) / p),
+                   "sliced_ring": lambda p: (p - 1, (p - 1) / p)},
     "scatter": {"linear": lambda p: (p - 1, (p - 1) / p)},
     "gather": {"linear": lambda p: (p - 1, (p - 1) / p)},
 }
@@ -92,7 +109,8 @@ class AlphaBeta:
         return math.inf if self.beta == 0 else 1.0 / self.beta
 
     def __str__(self) -> str:
-        return f"α = {self.alpha * 1e6:.1f} µs, β = {self.beta * 1e9:.3f} ns/B ({self.bandwidth / 1e9:.2f} GB/s)"
+        return (f"α = {self.alpha * 1e6:.1f} µs, β = {self.beta * 1e9:.3f} ns/B "
+                f"({self.bandwidth / 1e9:.2f} GB/s)")
 
 
 def _check(collective: str, algorithm: str, p: int) -> Callable[[int], tuple[float, float]]:
@@ -123,11 +141,12 @@ def predict(collective: str, algorithm: str, nbytes, p: int, link: AlphaBeta):
 # for rooted ones b(p) counts the root's link both ways (PS: (p−1)n in, then (p−1)n out).
 SENT: dict[str, dict[str, Callable[[int], float]]] = {
     "all_reduce": {"ring": lambda p: 2 * (p - 1) / p, "ps": lambda p: p - 1,
-                   "sharded_ps": lambda p: 2 * (p - 1) / p, "tree": lambda p: _log2(p)},
+                   "sharded_ps": lambda p: 2 * (p - 1) / p, "tree": lambda p: _log2(p),
+                   "sliced_ring": lambda p: 2 * (p - 1) / p},
     "broadcast": {"linear": lambda p: p - 1, "tree": lambda p: _log2(p)},
     "reduce": {"linear": lambda p: 1 if p > 1 else 0, "tree": lambda p: 1 if p > 1 else 0},
-    "reduce_scatter": {"ring": lambda p: (p - 1) / p},
-    "all_gather": {"ring": lambda p: (p - 1) / p},
+    "reduce_scatter": {"ring": lambda p: (p - 1) / p, "sliced_ring": lambda p: (p - 1) / p},
+    "all_gather": {"ring": lambda p: (p - 1) / p, "sliced_ring": lambda p: (p - 1) / p},
     "scatter": {"linear": lambda p: (p - 1) / p},
     "gather": {"linear": lambda p: 1 / p if p > 1 else 0},
 }
