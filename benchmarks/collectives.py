@@ -35,6 +35,7 @@ import pandas as pd  # noqa: E402
 
 from toolkit import cost  # noqa: E402
 from toolkit.cost.piecewise import as_model, errors_at, fit_piecewise  # noqa: E402
+from toolkit.cost.models import algorithms  # noqa: E402
 from toolkit.cost.results import machine_meta, save_results  # noqa: E402
 from toolkit.cost.spread import Spread, agree  # noqa: E402
 
@@ -209,7 +210,7 @@ def cases_from(args, ap) -> list[tuple[str, str]]:
         if collective not in cost.COEFFICIENTS:
             ap.error(f"--collectives: unknown {collective!r}; "
                      f"choose from {', '.join(cost.COEFFICIENTS)}")
-        known = list(cost.COEFFICIENTS[collective]) + [cost.TORCH]
+        known = algorithms(collective) + [cost.TORCH]
         if args.algorithms == "all":
             wanted = known
         elif args.algorithms == "default":   # the fast toolkit algorithm, the simple one, torch

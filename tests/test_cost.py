@@ -98,7 +98,7 @@ def test_fit_minimises_relative_error_and_keeps_parameters_non_negative():
     (lambda: cost.measure([("all_reduce", "ring")], sizes=[0], world_sizes=[2]), "positive"),
     (lambda: cost.measure([("all_reduce", "ring")], sizes=[8], world_sizes=[2], repeats=5,
                           max_repeats=3), "max_repeats >= repeats"),
-    (lambda: cost.measure([("all_reduce", "sliced_ring:slices")], sizes=[8], world_sizes=[2]),
+    (lambda: cost.measure([("all_reduce", "sliced_ring:window")], sizes=[8], world_sizes=[2]),
      "key=integer"),
     (lambda: cost.measure([("all_reduce", "torch:slice_bytes=4")], sizes=[8], world_sizes=[2]),
      "no options"),

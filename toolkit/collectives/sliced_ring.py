@@ -33,11 +33,14 @@ from ._common import (
     view,
 )
 
-SLICE_BYTES = 256 << 10
-"""Default slice size in bytes (256 KiB): chosen by measurement on a 2-core CPU with gloo
-(`benchmarks/collectives.py --slices`): 64 KiB to 1 MiB were within a few per cent of one
-another at 16 and 64 MB; much smaller slices pay α per message, much larger ones stop
-overlapping. A GPU cluster would pick its own (NCCL's default is larger)."""
+SLICE_BYTES = 4 << 20
+"""Default slice size in bytes (4 MiB), chosen by measurement on a 2-core CPU with gloo
+(`python benchmarks/collectives.py --slices ...`; lesson 03 shows the sweep): here a message
+costs hundreds of µs of CPU (system calls and wake-ups of processes sharing two cores), so a
+few large slices beat many small ones: 1 MiB slices cost 10-50 % more CPU per call at 16 and
+64 MB, 256 KiB ones 3-5×. The α-β-γ model (`toolkit.cost.slicing`) says the same: the best
+count S* = √(nγ/(2pα)) is small when α is large. A GPU cluster would pick its own (NCCL's slices
+are far smaller)."""
 
 WINDOW = 2
 """Receives posted ahead of the one being added (gloo keeps two segments in flight too)."""
@@ -64,6 +67,8 @@ def pipelined_ring(g: GroupView, chunks: list[torch.Tensor], op: str | None, *, 
     Unit v = (phase step s, slice k) in order; the send of unit v needs unit v − S finished (it
     forwards what that unit received), so it is posted right after that unit's add.
     """
+    if window < 1:
+        raise ValueError(f"window={window} must be >= 1 (receives posted ahead)")
     p, r, S = g.size, g.rank, slices
     parts = [list(c.split(chunk_sizes(c.numel(), S))) for c in chunks]  # parts[c][k]: slice k
     steps = []                                     # (chunk sent, chunk received, adds?)
@@ -119,7 +124,8 @@ def _slices(flat: torch.Tensor, p: int, slice_bytes: int) -> int:
 
 
 def sliced_ring_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike = "sum",
-                           check: bool = True, slice_bytes: int = SLICE_BYTES) -> torch.Tensor:
+                           check: bool = True, slice_bytes: int = SLICE_BYTES,
+                           window: int = WINDOW) -> torch.Tensor:
     """All-reduce `tensor` in place with the pipelined ring; returns it.
 
     2(p−1)·S messages per rank (S = `ring_slices`), 2(p−1)/p · n bytes, as the simple ring.
@@ -135,7 +141,7 @@ def sliced_ring_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike
     flat, copied = flat_view(tensor)
     chunks = list(flat.split(chunk_sizes(flat.numel(), g.size)))
     pipelined_ring(g, chunks, op, reduce=True, gather=True,
-                   slices=_slices(flat, g.size, slice_bytes))
+                   slices=_slices(flat, g.size, slice_bytes), window=window)
     if copied:
         tensor.copy_(flat.view_as(tensor))
     return tensor
@@ -143,7 +149,8 @@ def sliced_ring_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike
 
 def sliced_ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, *,
                                op: ReduceOpLike = "sum", check: bool = True,
-                               slice_bytes: int = SLICE_BYTES) -> torch.Tensor:
+                               slice_bytes: int = SLICE_BYTES, window: int = WINDOW
+                               ) -> torch.Tensor:
     """`output` on rank r ← chunk r of the reduction of every rank's `input` (pipelined ring).
 
     Same contract as `ring_reduce_scatter`: `input` unchanged, `output` holds
@@ -169,13 +176,14 @@ def sliced_ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=
     work = input.reshape(-1).clone()
     chunks = list(work.split(sizes))
     pipelined_ring(g, chunks, op, reduce=True, gather=False,
-                   slices=_slices(work, g.size, slice_bytes))
+                   slices=_slices(work, g.size, slice_bytes), window=window)
     output.copy_(chunks[g.rank].view_as(output))
     return output
 
 
 def sliced_ring_all_gather(output: torch.Tensor, input: torch.Tensor, group=None, *,
-                           check: bool = True, slice_bytes: int = SLICE_BYTES) -> torch.Tensor:
+                           check: bool = True, slice_bytes: int = SLICE_BYTES,
+                           window: int = WINDOW) -> torch.Tensor:
     """`output` (flat layout) ← every rank's `input`, rank r's at chunk r (pipelined ring).
 
     Same contract as `ring_all_gather`; (p−1)·S messages per rank.
@@ -199,7 +207,7 @@ def sliced_ring_all_gather(output: torch.Tensor, input: torch.Tensor, group=None
     chunks[g.rank].copy_(input.reshape(-1))
     if g.size > 1:
         pipelined_ring(g, chunks, None, reduce=False, gather=True,
-                       slices=_slices(flat, g.size, slice_bytes))
+                       slices=_slices(flat, g.size, slice_bytes), window=window)
     if copied:
         output.copy_(flat.view_as(output))
     return output

@@ -28,8 +28,8 @@ the baseline with its interquartile range and 95 % confidence interval (`ratio`,
 `ratio_q75`, `ratio_lo`, `ratio_hi`). Each trial's times are in ``df.attrs["trials"]``.
 
 Algorithm ``"torch"`` is torch's built-in for that collective (gloo or NCCL), the baseline. An
-algorithm may carry keyword options after a colon, ``"sliced_ring:slices=8"`` (passed to the
-toolkit function). Sizes are bytes of the full tensor, the nccl-tests convention: the
+algorithm may carry keyword options, each after a colon, ``"sliced_ring:slice_bytes=65536"``
+(passed to the toolkit function). Sizes are bytes of the full tensor, the nccl-tests convention: the
 all-reduce/broadcast/reduce tensor, the reduce-scatter input, the all-gather output, the
 scatter/gather list in all.
 """
@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.distributed as dist
 
-from .models import BUS_FACTOR, COEFFICIENTS
+from .models import BUS_FACTOR, COEFFICIENTS, algorithms
 from .spread import paired_ratios, spread
 
 TORCH = "torch"
@@ -64,14 +64,15 @@ COLUMNS = ["collective", "algorithm", "p", "nbytes", "numel", "dtype", "seconds"
 
 
 def split_label(label: str) -> tuple[str, dict[str, int]]:
-    """``"sliced_ring:slices=8,window=4"`` → (``"sliced_ring"``, {"slices": 8, "window": 4})."""
-    name, _, rest = label.partition(":")
+    """``"sliced_ring:slice_bytes=65536:window=4"`` → (``"sliced_ring"``,
+    {"slice_bytes": 65536, "window": 4}): options follow the name, each after a colon."""
+    name, *items = label.split(":")
     options = {}
-    for item in filter(None, rest.split(",")):
+    for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key.isidentifier() or not value.lstrip("-").isdigit():
-            raise ValueError(f"measure: algorithm {label!r}: options must be key=integer pairs "
-                             "after a colon, e.g. 'sliced_ring:slices=8'")
+            raise ValueError(f"measure: algorithm {label!r}: options must be key=integer pairs, "
+                             "each after a colon, e.g. 'sliced_ring:slice_bytes=65536:window=4'")
         options[key] = int(value)
     return name, options
 
@@ -188,7 +189,7 @@ def _validate(cases, sizes, world_sizes, repeats, max_repeats, warmup, min_time,
         if collective not in COEFFICIENTS:
             raise ValueError(f"measure: unknown collective {collective!r}; "
                              f"choose from {', '.join(COEFFICIENTS)}")
-        known = set(COEFFICIENTS[collective]) | {TORCH}
+        known = set(algorithms(collective)) | {TORCH}
         name, options = split_label(label)
         if name not in known:
             raise ValueError(f"measure: {collective} has no algorithm {name!r}; "

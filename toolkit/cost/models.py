@@ -12,7 +12,7 @@ Gropp, IJHPCA 2005; Patarasuk & Yuan, JPDC 2009; table in REFERENCES.md):
 collective/algorithm       a(p)      b(p)      why
 =========================  ========  ========  ==============================================
 all_reduce/ring            2(p−1)    2(p−1)/p  p−1 reduce-scatter + p−1 all-gather steps of n/p
-all_reduce/sliced_ring     2(p−1)    2(p−1)/p  the same ring, each chunk sent in S slices
+all_reduce/sliced_ring     2(p−1)    2(p−1)/p  the ring's model (`SAME_MODEL`), in S slices
 all_reduce/ps              2(p−1)    2(p−1)    root receives p−1 tensors, then sends p−1
 all_reduce/sharded_ps      2(p−1)    2(p−1)/p  each rank serves n/p: p−1 steps in, p−1 out
 all_reduce/tree            2⌈log₂p⌉  2⌈log₂p⌉  tree reduce + tree broadcast, whole tensor
@@ -67,18 +67,33 @@ COEFFICIENTS: dict[str, dict[str, Callable[[int], tuple[float, float]]]] = {
         "ps": lambda p: (2 * (p - 1), 2 * (p - 1)),
         "sharded_ps": lambda p: (2 * (p - 1), 2 * (p - 1) / p),
         "tree": lambda p: (2 * _log2(p), 2 * _log2(p)),
-        "sliced_ring": lambda p: (2 * (p - 1), 2 * (p - 1) / p),
     },
     "broadcast": {"linear": lambda p: (p - 1, p - 1), "tree": lambda p: (_log2(p), _log2(p))},
     "reduce": {"linear": lambda p: (p - 1, p - 1), "tree": lambda p: (_log2(p), _log2(p))},
-    "reduce_scatter": {"ring": lambda p: (p - 1, (p - 1) / p),
-                       "sliced_ring": lambda p: (p - 1, (p - 1) / p)},
-    "all_gather": {"ring": lambda p: (p - 1, (p - 1) / p),
-                   "sliced_ring": lambda p: (p - 1, (p - 1) / p)},
+    "reduce_scatter": {"ring": lambda p: (p - 1, (p - 1) / p)},
+    "all_gather": {"ring": lambda p: (p - 1, (p - 1) / p)},
     "scatter": {"linear": lambda p: (p - 1, (p - 1) / p)},
     "gather": {"linear": lambda p: (p - 1, (p - 1) / p)},
 }
-"""Model coefficients by collective and algorithm name (the names `toolkit.collectives` uses)."""
+"""Model coefficients by collective and algorithm name (the names `toolkit.collectives` uses).
+Figures and the explorer draw these; algorithms in `SAME_MODEL` share one of them."""
+
+SAME_MODEL: dict[str, str] = {"sliced_ring": "ring"}
+"""Algorithms whose α-β model is another's: the sliced ring sends the ring's bytes in the ring's
+rounds (see the module docstring), so it has the ring's (a(p), b(p)) wherever there is a ring."""
+
+
+def algorithms(collective: str) -> list[str]:
+    """Every algorithm of `collective` that has a model, `SAME_MODEL` aliases included."""
+    table = COEFFICIENTS.get(collective, {})
+    return list(table) + [a for a, base in SAME_MODEL.items() if base in table]
+
+
+def model_name(collective: str, algorithm: str) -> str:
+    """The algorithm whose coefficients `algorithm` uses (itself, or its `SAME_MODEL` base)."""
+    base = SAME_MODEL.get(algorithm)
+    return base if base is not None and base in COEFFICIENTS.get(collective, {}) else algorithm
+
 
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda p: 2 * (p - 1) / p,
@@ -118,9 +133,10 @@ def _check(collective: str, algorithm: str, p: int) -> Callable[[int], tuple[flo
         raise ValueError(f"no cost model for collective {collective!r}; "
                          f"choose from {', '.join(COEFFICIENTS)}")
     table = COEFFICIENTS[collective]
+    algorithm = model_name(collective, algorithm)
     if algorithm not in table:
         raise ValueError(f"no cost model for {collective} algorithm {algorithm!r}; "
-                         f"choose from {', '.join(table)}")
+                         f"choose from {', '.join(algorithms(collective))}")
     if not isinstance(p, (int, np.integer)) or p < 1:
         raise ValueError(f"world size p must be an int >= 1, got {p!r}")
     return table[algorithm]
@@ -141,12 +157,11 @@ def predict(collective: str, algorithm: str, nbytes, p: int, link: AlphaBeta):
 # for rooted ones b(p) counts the root's link both ways (PS: (p−1)n in, then (p−1)n out).
 SENT: dict[str, dict[str, Callable[[int], float]]] = {
     "all_reduce": {"ring": lambda p: 2 * (p - 1) / p, "ps": lambda p: p - 1,
-                   "sharded_ps": lambda p: 2 * (p - 1) / p, "tree": lambda p: _log2(p),
-                   "sliced_ring": lambda p: 2 * (p - 1) / p},
+                   "sharded_ps": lambda p: 2 * (p - 1) / p, "tree": lambda p: _log2(p)},
     "broadcast": {"linear": lambda p: p - 1, "tree": lambda p: _log2(p)},
     "reduce": {"linear": lambda p: 1 if p > 1 else 0, "tree": lambda p: 1 if p > 1 else 0},
-    "reduce_scatter": {"ring": lambda p: (p - 1) / p, "sliced_ring": lambda p: (p - 1) / p},
-    "all_gather": {"ring": lambda p: (p - 1) / p, "sliced_ring": lambda p: (p - 1) / p},
+    "reduce_scatter": {"ring": lambda p: (p - 1) / p},
+    "all_gather": {"ring": lambda p: (p - 1) / p},
     "scatter": {"linear": lambda p: (p - 1) / p},
     "gather": {"linear": lambda p: 1 / p if p > 1 else 0},
 }
@@ -156,7 +171,7 @@ def bytes_sent_per_rank(collective: str, algorithm: str, nbytes: float, p: int) 
     """Bytes the busiest sender sends for an n-byte collective (ring all-reduce: 2(p−1)/p·n;
     parameter server: the root's (p−1)·n). Check it against `toolkit.comm`'s recorded totals."""
     _check(collective, algorithm, p)
-    return SENT[collective][algorithm](int(p)) * nbytes
+    return SENT[collective][model_name(collective, algorithm)](int(p)) * nbytes
 
 
 def algbw(nbytes, seconds):
