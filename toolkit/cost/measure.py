@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.distributed as dist
 
-from .models import BUS_FACTOR, COEFFICIENTS, algorithms
+from .models import BUS_FACTOR, COEFFICIENTS, algorithms, split_label
 from .spread import paired_ratios, spread
 
 TORCH = "torch"
@@ -61,20 +61,6 @@ _MAX_CALLS = 200  # back-to-back calls in one trial, at most
 COLUMNS = ["collective", "algorithm", "p", "nbytes", "numel", "dtype", "seconds", "q25_seconds",
            "q75_seconds", "min_seconds", "trials", "calls", "baseline", "ratio", "ratio_q25",
            "ratio_q75", "ratio_lo", "ratio_hi", "algbw", "busbw", "backend"]
-
-
-def split_label(label: str) -> tuple[str, dict[str, int]]:
-    """``"sliced_ring:slice_bytes=65536:window=4"`` → (``"sliced_ring"``,
-    {"slice_bytes": 65536, "window": 4}): options follow the name, each after a colon."""
-    name, *items = label.split(":")
-    options = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key.isidentifier() or not value.lstrip("-").isdigit():
-            raise ValueError(f"measure: algorithm {label!r}: options must be key=integer pairs, "
-                             "each after a colon, e.g. 'sliced_ring:slice_bytes=65536:window=4'")
-        options[key] = int(value)
-    return name, options
 
 
 def _elements(nbytes: int, dtype: torch.dtype, p: int, collective: str) -> int:

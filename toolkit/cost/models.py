@@ -95,6 +95,20 @@ def model_name(collective: str, algorithm: str) -> str:
     return base if base is not None and base in COEFFICIENTS.get(collective, {}) else algorithm
 
 
+def split_label(label: str) -> tuple[str, dict[str, int]]:
+    """``"sliced_ring:slice_bytes=65536:window=4"`` → (``"sliced_ring"``,
+    {"slice_bytes": 65536, "window": 4}): options follow the name, each after a colon."""
+    name, *items = label.split(":")
+    options = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.isidentifier() or not value.lstrip("-").isdigit():
+            raise ValueError(f"algorithm {label!r}: options must be key=integer pairs, "
+                             "each after a colon, e.g. 'sliced_ring:slice_bytes=65536:window=4'")
+        options[key] = int(value)
+    return name, options
+
+
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda p: 2 * (p - 1) / p,
     "reduce_scatter": lambda p: (p - 1) / p,
