@@ -35,7 +35,7 @@ import pandas as pd  # noqa: E402
 
 from toolkit import cost  # noqa: E402
 from toolkit.cost.piecewise import as_model, errors_at, fit_piecewise  # noqa: E402
-from toolkit.cost.models import algorithms  # noqa: E402
+from toolkit.cost.models import algorithms, split_label  # noqa: E402
 from toolkit.cost.results import machine_meta, save_results  # noqa: E402
 from toolkit.cost.spread import Spread, agree  # noqa: E402
 
@@ -88,12 +88,19 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.3g}"
 
 
+def short(label: str) -> str:
+    """``sliced_ring:slice_bytes=262144`` → ``sliced_ring 256 KB`` (column headers)."""
+    name, options = split_label(label)
+    shown = [cost.human_bytes(v) if k.endswith("bytes") else f"{k}={v}" for k, v in options.items()]
+    return " ".join([name] + shown)
+
+
 def print_tables(df) -> None:
     for (collective, p), block in df.groupby(["collective", "p"], sort=False):
         algs = list(dict.fromkeys(block.algorithm))
         print(f"\n# {collective}, {p} ranks, {block.backend.iloc[0]}, {block.dtype.iloc[0]}: "
               "median ms per call [interquartile range], bus bandwidth GB/s")
-        print(f"{'size':>8}  " + "  ".join(f"{a[:26]:>34}" for a in algs))
+        print(f"{'size':>8}  " + "  ".join(f"{short(a)[:34]:>34}" for a in algs))
         for nbytes, row in block.groupby("nbytes", sort=True):
             cells = []
             for a in algs:
