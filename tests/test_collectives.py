@@ -353,6 +353,12 @@ def _bad_call(rank, world_size, case):
         C.tree_broadcast(x, src=rank)
     elif case == "not a tensor":
         C.ring_all_reduce([1.0, 2.0])
+    elif case == "sliced, not a tensor":
+        C.sliced_ring_all_reduce([1.0, 2.0])
+    elif case == "sliced, window 0":
+        C.sliced_ring_reduce_scatter(torch.empty(4), x, window=0)
+    elif case == "sliced, sizes differ":
+        C.sliced_ring_all_gather(torch.empty(8 + 2 * rank), torch.empty(4 + rank))  # 8 vs 10
 
 
 @pytest.mark.parametrize("case, words", [
@@ -365,6 +371,9 @@ def _bad_call(rank, world_size, case):
     ("dtypes differ", "float64"),
     ("roots differ", "root"),
     ("not a tensor", "must be a torch.Tensor"),
+    ("sliced, not a tensor", "sliced_ring_all_reduce(tensor=...) must be a torch.Tensor"),
+    ("sliced, window 0", "window=0 must be >= 1"),
+    ("sliced, sizes differ", "ranks disagree"),
 ])
 def test_bad_input_raises_a_clear_error(case, words):
     with pytest.raises(RankError) as info:

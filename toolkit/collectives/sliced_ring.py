@@ -26,12 +26,10 @@ min, because every element is reduced in the same order.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+import torch.distributed as dist  # isend / irecv looked up at call time (recorded)
 
-from ._common import (
-    GroupView, ReduceOpLike, agree, check_tensor, chunk_sizes, combine, flat_view, reduce_op,
-    view,
-)
+from ._common import GroupView, ReduceOpLike, chunk_sizes, combine
+from .ring import drive_all_gather, drive_all_reduce, drive_reduce_scatter
 
 SLICE_BYTES = 4 << 20
 """Default slice size in bytes (4 MiB), chosen by measurement on a 2-core CPU with gloo
@@ -67,8 +65,6 @@ def pipelined_ring(g: GroupView, chunks: list[torch.Tensor], op: str | None, *, 
     Unit v = (phase step s, slice k) in order; the send of unit v needs unit v − S finished (it
     forwards what that unit received), so it is posted right after that unit's add.
     """
-    if window < 1:
-        raise ValueError(f"window={window} must be >= 1 (receives posted ahead)")
     p, r, S = g.size, g.rank, slices
     parts = [list(c.split(chunk_sizes(c.numel(), S))) for c in chunks]  # parts[c][k]: slice k
     steps = []                                     # (chunk sent, chunk received, adds?)
@@ -119,8 +115,17 @@ def pipelined_ring(g: GroupView, chunks: list[torch.Tensor], op: str | None, *, 
         w.wait()
 
 
-def _slices(flat: torch.Tensor, p: int, slice_bytes: int) -> int:
-    return ring_slices(flat.numel(), p, flat.element_size(), slice_bytes)
+def _runner(slice_bytes: int, window: int, *, reduce: bool, gather: bool):
+    """The steps for a driver of `ring`: the pipeline with S = `ring_slices` for the group."""
+    if window < 1:
+        raise ValueError(f"window={window} must be >= 1 (receives posted ahead)")
+    ring_slices(0, 1, 1, slice_bytes)  # a bad slice_bytes fails here, before any message
+
+    def run(g: GroupView, chunks: list[torch.Tensor], op: str | None = None) -> None:
+        numel = sum(c.numel() for c in chunks)
+        S = ring_slices(numel, g.size, chunks[0].element_size(), slice_bytes)
+        pipelined_ring(g, chunks, op, reduce=reduce, gather=gather, slices=S, window=window)
+    return run
 
 
 def sliced_ring_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike = "sum",
@@ -130,21 +135,8 @@ def sliced_ring_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike
 
     2(p−1)·S messages per rank (S = `ring_slices`), 2(p−1)/p · n bytes, as the simple ring.
     """
-    name = "sliced_ring_all_reduce"
-    op = reduce_op(op, name)
-    check_tensor(tensor, name, "tensor", op)
-    g = view(group, name)
-    if g.rank < 0 or g.size == 1:
-        return tensor
-    if check:
-        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, op=op)
-    flat, copied = flat_view(tensor)
-    chunks = list(flat.split(chunk_sizes(flat.numel(), g.size)))
-    pipelined_ring(g, chunks, op, reduce=True, gather=True,
-                   slices=_slices(flat, g.size, slice_bytes), window=window)
-    if copied:
-        tensor.copy_(flat.view_as(tensor))
-    return tensor
+    run = _runner(slice_bytes, window, reduce=True, gather=True)
+    return drive_all_reduce("sliced_ring_all_reduce", tensor, group, op, check, run)
 
 
 def sliced_ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, *,
@@ -156,29 +148,9 @@ def sliced_ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=
     Same contract as `ring_reduce_scatter`: `input` unchanged, `output` holds
     ``chunk_sizes(input.numel(), p)[r]`` elements; (p−1)·S messages per rank.
     """
-    name = "sliced_ring_reduce_scatter"
-    op = reduce_op(op, name)
-    check_tensor(input, name, "input", op)
-    check_tensor(output, name, "output")
-    g = view(group, name)
-    if g.rank < 0:
-        return output
-    sizes = chunk_sizes(input.numel(), g.size)
-    if output.numel() != sizes[g.rank] or output.dtype != input.dtype:
-        raise ValueError(
-            f"{name}: output has {output.numel()} {output.dtype} elements; rank {g.rank} of the "
-            f"group needs {sizes[g.rank]} {input.dtype} (its chunk of the {input.numel()}-element "
-            f"input split {g.size} ways: {sizes})")
-    if g.size == 1:
-        return output.copy_(input.reshape(output.shape))
-    if check:
-        agree(g, name, numel=input.numel(), dtype=input.dtype, op=op)
-    work = input.reshape(-1).clone()
-    chunks = list(work.split(sizes))
-    pipelined_ring(g, chunks, op, reduce=True, gather=False,
-                   slices=_slices(work, g.size, slice_bytes), window=window)
-    output.copy_(chunks[g.rank].view_as(output))
-    return output
+    run = _runner(slice_bytes, window, reduce=True, gather=False)
+    return drive_reduce_scatter("sliced_ring_reduce_scatter", output, input, group, op, check,
+                                run)
 
 
 def sliced_ring_all_gather(output: torch.Tensor, input: torch.Tensor, group=None, *,
@@ -188,26 +160,5 @@ def sliced_ring_all_gather(output: torch.Tensor, input: torch.Tensor, group=None
 
     Same contract as `ring_all_gather`; (p−1)·S messages per rank.
     """
-    name = "sliced_ring_all_gather"
-    check_tensor(input, name, "input")
-    check_tensor(output, name, "output")
-    g = view(group, name)
-    if g.rank < 0:
-        return output
-    sizes = chunk_sizes(output.numel(), g.size)
-    if input.numel() != sizes[g.rank] or output.dtype != input.dtype:
-        raise ValueError(
-            f"{name}: input has {input.numel()} {input.dtype} elements; rank {g.rank} of the "
-            f"group must contribute {sizes[g.rank]} {output.dtype} (its chunk of the "
-            f"{output.numel()}-element output split {g.size} ways: {sizes})")
-    if check and g.size > 1:
-        agree(g, name, numel=output.numel(), dtype=output.dtype)
-    flat, copied = flat_view(output)
-    chunks = list(flat.split(sizes))
-    chunks[g.rank].copy_(input.reshape(-1))
-    if g.size > 1:
-        pipelined_ring(g, chunks, None, reduce=False, gather=True,
-                       slices=_slices(flat, g.size, slice_bytes), window=window)
-    if copied:
-        output.copy_(flat.view_as(output))
-    return output
+    run = _runner(slice_bytes, window, reduce=False, gather=True)
+    return drive_all_gather("sliced_ring_all_gather", output, input, group, check, run)

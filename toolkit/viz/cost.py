@@ -86,6 +86,15 @@ def _panels(ps: Sequence[int], sizes: Any, *, title: str, y_title: str,
     return fig
 
 
+def _series(df: Any, ps: Sequence[int]):
+    """(panel column, p, algorithm, its rows sorted by size) for every non-empty series."""
+    for col, p in enumerate(ps, start=1):
+        for alg in dict.fromkeys(df.algorithm):
+            rows = df[(df.algorithm == alg) & (df.p == p)].sort_values("nbytes")
+            if not rows.empty:
+                yield col, p, alg, rows
+
+
 def _link_of(fits: Any, algorithm: str, p: int) -> AlphaBeta | None:
     """The link to draw for (algorithm, p): a (algorithm, p) key first, then the algorithm."""
     if fits is None:
@@ -135,31 +144,27 @@ def cost_curves(table: Any, fits: Any = None, *, collective: str | None = None,
         + ("; dotted: α-β model" if fits is not None else "")))
     extra: dict[str, str] = {}
     modelled = set(modelled_algorithms(collective))  # the sliced ring draws the ring's model
-    for col, p in enumerate(ps, start=1):
-        for alg in algorithms:
-            rows = df[(df.algorithm == alg) & (df.p == p)].sort_values("nbytes")
-            if rows.empty:
-                continue
-            color = _color(alg, extra)
-            busbw = rows.busbw / 1e9 if "busbw" in rows else [float("nan")] * len(rows)
-            fig.add_trace(go.Scatter(
-                x=rows.nbytes, y=rows.seconds * _MS, mode="lines+markers", name=alg,
-                legendgroup=alg, showlegend=col == 1, line=dict(color=color),
-                customdata=[[human_bytes(n), b] for n, b in zip(rows.nbytes, busbw)],
-                hovertemplate=(f"<b>{alg}</b>, p={p}<br>%{{customdata[0]}}: %{{y:.3f}} ms"
-                               "<br>busbw %{customdata[1]:.2f} GB/s<extra>measured</extra>")),
-                row=1, col=col)
-            link = _link_of(fits, alg, p) if alg in modelled else None
-            if link is None:
-                continue
-            grid = np.geomspace(rows.nbytes.min(), rows.nbytes.max(), 60)
-            fig.add_trace(go.Scatter(
-                x=grid, y=cost.predict(collective, alg, grid, p, link) * _MS, mode="lines",
-                name=f"{alg} model", legendgroup=alg, showlegend=False,
-                line=dict(color=color, dash="dot", width=2),
-                hovertemplate=(f"<b>{alg} model</b>, p={p}<br>{link}<br>"
-                               "%{x:.3s} B: %{y:.3f} ms<extra>α-β model</extra>")),
-                row=1, col=col)
+    for col, p, alg, rows in _series(df, ps):
+        color = _color(alg, extra)
+        busbw = rows.busbw / 1e9 if "busbw" in rows else [float("nan")] * len(rows)
+        fig.add_trace(go.Scatter(
+            x=rows.nbytes, y=rows.seconds * _MS, mode="lines+markers", name=alg,
+            legendgroup=alg, showlegend=col == 1, line=dict(color=color),
+            customdata=[[human_bytes(n), b] for n, b in zip(rows.nbytes, busbw)],
+            hovertemplate=(f"<b>{alg}</b>, p={p}<br>%{{customdata[0]}}: %{{y:.3f}} ms"
+                           "<br>busbw %{customdata[1]:.2f} GB/s<extra>measured</extra>")),
+            row=1, col=col)
+        link = _link_of(fits, alg, p) if alg in modelled else None
+        if link is None:
+            continue
+        grid = np.geomspace(rows.nbytes.min(), rows.nbytes.max(), 60)
+        fig.add_trace(go.Scatter(
+            x=grid, y=cost.predict(collective, alg, grid, p, link) * _MS, mode="lines",
+            name=f"{alg} model", legendgroup=alg, showlegend=False,
+            line=dict(color=color, dash="dot", width=2),
+            hovertemplate=(f"<b>{alg} model</b>, p={p}<br>{link}<br>"
+                           "%{x:.3s} B: %{y:.3f} ms<extra>α-β model</extra>")),
+            row=1, col=col)
     return fig
 
 
@@ -184,23 +189,19 @@ def bus_bandwidth(table: Any, *, collective: str | None = None, peak: float | No
     fig = _panels(ps, df.nbytes, y_title="bus bandwidth (GB/s)", y_log=False, title=title or (
         f"{collective}: bus bandwidth = n / t × {_factor_text(collective)}"))
     extra: dict[str, str] = {}
-    for col, p in enumerate(ps, start=1):
-        for alg in dict.fromkeys(df.algorithm):
-            rows = df[(df.algorithm == alg) & (df.p == p)].sort_values("nbytes")
-            if rows.empty:
-                continue
-            fig.add_trace(go.Scatter(
-                x=rows.nbytes, y=rows.busbw / 1e9, mode="lines+markers", name=alg,
-                legendgroup=alg, showlegend=col == 1, line=dict(color=_color(alg, extra)),
-                customdata=[human_bytes(n) for n in rows.nbytes],
-                hovertemplate=(f"<b>{alg}</b>, p={p}<br>%{{customdata}}: %{{y:.2f}} GB/s"
-                               "<extra></extra>")),
-                row=1, col=col)
-        if peak is not None:
-            label = dict(annotation_text=f"{peak / 1e9:.3g} GB/s",
-                         annotation_position="top left") if col == 1 else {}
-            fig.add_hline(y=peak / 1e9, line=dict(color="black", dash="dash", width=1),
-                          row=1, col=col, **label)
+    for col, p, alg, rows in _series(df, ps):
+        fig.add_trace(go.Scatter(
+            x=rows.nbytes, y=rows.busbw / 1e9, mode="lines+markers", name=alg,
+            legendgroup=alg, showlegend=col == 1, line=dict(color=_color(alg, extra)),
+            customdata=[human_bytes(n) for n in rows.nbytes],
+            hovertemplate=(f"<b>{alg}</b>, p={p}<br>%{{customdata}}: %{{y:.2f}} GB/s"
+                           "<extra></extra>")),
+            row=1, col=col)
+    for col in range(1, len(ps) + 1) if peak is not None else ():
+        label = dict(annotation_text=f"{peak / 1e9:.3g} GB/s",
+                     annotation_position="top left") if col == 1 else {}
+        fig.add_hline(y=peak / 1e9, line=dict(color="black", dash="dash", width=1),
+                      row=1, col=col, **label)
     return fig
 
 

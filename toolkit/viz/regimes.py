@@ -18,7 +18,7 @@ from ..collectives import ring_slices
 from ..cost import AlphaBeta, PiecewiseFit, predict, slicing_speedup
 from ..cost.choose import human_bytes
 from ..cost.models import split_label
-from .cost import _MS, _color, _panels, _table
+from .cost import _MS, _color, _panels, _series, _table
 
 
 def regime_curves(table: Any, fits: Mapping[tuple[str, int], PiecewiseFit], *,
@@ -39,42 +39,38 @@ def regime_curves(table: Any, fits: Mapping[tuple[str, int], PiecewiseFit], *,
         f"{collective}: measured (bars: interquartile range); dotted: piecewise α-β model, "
         "| regime boundary"))
     extra: dict[str, str] = {}
-    for col, p in enumerate(ps, start=1):
-        for alg in dict.fromkeys(df.algorithm):
-            rows = df[(df.algorithm == alg) & (df.p == p)].sort_values("nbytes")
-            if rows.empty:
+    for col, p, alg, rows in _series(df, ps):
+        color = _color(alg, extra)
+        err = None
+        if {"q25_seconds", "q75_seconds"} <= set(rows.columns):
+            err = dict(type="data", symmetric=False, color=color, thickness=1,
+                       array=(rows.q75_seconds - rows.seconds) * _MS,
+                       arrayminus=(rows.seconds - rows.q25_seconds) * _MS)
+        fig.add_trace(go.Scatter(
+            x=rows.nbytes, y=rows.seconds * _MS, mode="markers", name=alg, legendgroup=alg,
+            showlegend=col == 1, marker=dict(color=color, size=7), error_y=err,
+            customdata=[human_bytes(n) for n in rows.nbytes],
+            hovertemplate=f"<b>{alg}</b>, p={p}<br>%{{customdata}}: %{{y:.3f}} ms"
+                          "<extra>measured (median)</extra>"), row=1, col=col)
+        fit = fits.get((alg, p))
+        if fit is None:
+            continue
+        lo, hi = float(rows.nbytes.min()), float(rows.nbytes.max())
+        for k, reg in enumerate(fit.model.regimes):
+            a, b = max(lo, reg.lo), min(hi, reg.hi)
+            if a >= b:
                 continue
-            color = _color(alg, extra)
-            err = None
-            if {"q25_seconds", "q75_seconds"} <= set(rows.columns):
-                err = dict(type="data", symmetric=False, color=color, thickness=1,
-                           array=(rows.q75_seconds - rows.seconds) * _MS,
-                           arrayminus=(rows.seconds - rows.q25_seconds) * _MS)
+            grid = np.geomspace(a, b, 30)
             fig.add_trace(go.Scatter(
-                x=rows.nbytes, y=rows.seconds * _MS, mode="markers", name=alg, legendgroup=alg,
-                showlegend=col == 1, marker=dict(color=color, size=7), error_y=err,
-                customdata=[human_bytes(n) for n in rows.nbytes],
-                hovertemplate=f"<b>{alg}</b>, p={p}<br>%{{customdata}}: %{{y:.3f}} ms"
-                              "<extra>measured (median)</extra>"), row=1, col=col)
-            fit = fits.get((alg, p))
-            if fit is None:
-                continue
-            lo, hi = float(rows.nbytes.min()), float(rows.nbytes.max())
-            for k, reg in enumerate(fit.model.regimes):
-                a, b = max(lo, reg.lo), min(hi, reg.hi)
-                if a >= b:
-                    continue
-                grid = np.geomspace(a, b, 30)
-                fig.add_trace(go.Scatter(
-                    x=grid, mode="lines", showlegend=False,   # the regime's own link, ends too
-                    y=predict(collective, fit.model.algorithm, grid, p, reg.link) * _MS,
-                    name=f"{alg} regime {k + 1}", legendgroup=alg,
-                    line=dict(color=color, dash="dot", width=2),
-                    hovertemplate=(f"<b>{alg}</b>, p={p}, regime {k + 1}<br>{reg.link}"
-                                   "<extra>piecewise model</extra>")), row=1, col=col)
-            for edge in fit.model.boundaries:
-                fig.add_vline(x=edge, line=dict(color=color, dash="dash", width=1),
-                              row=1, col=col)
+                x=grid, mode="lines", showlegend=False,   # the regime's own link, ends too
+                y=predict(collective, fit.model.algorithm, grid, p, reg.link) * _MS,
+                name=f"{alg} regime {k + 1}", legendgroup=alg,
+                line=dict(color=color, dash="dot", width=2),
+                hovertemplate=(f"<b>{alg}</b>, p={p}, regime {k + 1}<br>{reg.link}"
+                               "<extra>piecewise model</extra>")), row=1, col=col)
+        for edge in fit.model.boundaries:
+            fig.add_vline(x=edge, line=dict(color=color, dash="dash", width=1),
+                          row=1, col=col)
     return fig
 
 
