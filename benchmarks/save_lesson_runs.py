@@ -51,6 +51,7 @@ def main(argv: list[str]) -> int:
         folder, args = SAVED[key]
         print(f"\n=== {key}: lessons/data/runs/{folder}", flush=True)
         bench.main(args + COMMON + ["--out", str(RUNS / folder)])
+        (RUNS / folder / "report.html").unlink()  # the lessons draw their own figures
     return 0
 
 
