@@ -32,13 +32,14 @@ from ._common import GroupView, ReduceOpLike, chunk_sizes, combine
 from .ring import drive_all_gather, drive_all_reduce, drive_reduce_scatter
 
 SLICE_BYTES = 4 << 20
-"""Default slice size in bytes (4 MiB), chosen by measurement on a 2-core CPU with gloo
-(`python benchmarks/collectives.py --slices ...`; lesson 03 shows the sweep): here a message
-costs hundreds of µs of CPU (system calls and wake-ups of processes sharing two cores), so a
-few large slices beat many small ones: 1 MiB slices cost 10-50 % more CPU per call at 16 and
-64 MB, 256 KiB ones 3-5×. The α-β-γ model (`toolkit.cost.slicing`) says the same: the best
-count S* = √(nγ/(2pα)) is small when α is large. A GPU cluster would pick its own (NCCL's slices
-are far smaller)."""
+"""Default slice size in bytes (4 MiB), chosen by measurement on a 2-core CPU with gloo (the
+sweep in lesson 03 and `benchmarks/collectives.py --slices`): here one point-to-point message
+costs some 0.4-0.8 ms of CPU, mostly in the kernel (system calls and wake-ups of processes
+sharing two cores), so a few large slices beat many small ones. CPU time per 16 and 64 MB call
+(median of 9, nice -20): 1 MiB slices cost 23-55 % more than 4 MiB ones at 2 and 4 ranks,
+256 KiB ones about 5×; 2-8 MiB were within the noise of one another. The α-β-γ model
+(`toolkit.cost.slicing`) agrees: the best count S* = √(nγ/(2pα)) is small when α is large. A
+GPU cluster would pick its own (NCCL slices far finer)."""
 
 WINDOW = 2
 """Receives posted ahead of the one being added (gloo keeps two segments in flight too)."""
