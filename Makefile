@@ -112,7 +112,8 @@ test-busy: setup browser slurm  ## run every test with BURNERS (default 1) CPU-b
 
 bench: setup  ## print every figure (benchmarks/): launcher, collectives, DDP, FSDP, memory, bubbles, lessons
 	$(BIN)/python benchmarks/launch_overhead.py
-	$(BIN)/python benchmarks/collectives.py --algorithms ring,torch --sizes 1M,16M,64M
+	$(BIN)/python benchmarks/collectives.py --sizes 1M,16M,64M --runs 3
+	$(BIN)/python benchmarks/collectives.py --sizes 4K:64M:2
 	$(BIN)/python benchmarks/ddp_step.py
 	$(BIN)/python benchmarks/fsdp_step.py
 	$(BIN)/python benchmarks/memory_measured.py
