@@ -19,7 +19,7 @@ from torch import nn
 from toolkit.collectives import chunk_sizes
 from toolkit.collectives._common import flat_view
 from toolkit.context_parallel import full_attention, ring_attention, ulysses_attention
-from toolkit.cost.measure import _elements, _runner
+from toolkit.cost.measure import _buffers, _elements, _runner
 from toolkit.data_parallel.accumulation import accumulate_gradients, split_batch
 from toolkit.data_parallel.buckets import Bucket, assign_buckets
 from toolkit.data_parallel.fsdp import FlatGroup
@@ -163,11 +163,12 @@ def test_recompute_and_pipeline_shapes_on_the_data_device(device):
 
 
 def test_sweep_buffers_and_chunking_on_the_device_asked(device):
-    run = _runner("all_reduce", "torch", 1024, 4, 0, torch.float32, torch.device(device))
-    buffers = [c.cell_contents for c in run.__closure__ or ()
-               if isinstance(c.cell_contents, torch.Tensor)]
-    assert buffers, "the runner holds its buffers"
-    _on(device, *buffers)
+    for collective in ("all_reduce", "scatter"):
+        b = _buffers(collective, 1024, 4, 0, torch.float32, torch.device(device))
+        buffers = [t for t in (b["full"], b["piece"], *(b["pieces"] or [])) if t is not None]
+        assert len(buffers) == (2 if collective == "all_reduce" else 6)
+        _on(device, *buffers)
+        assert callable(_runner(collective, "torch", b))
     assert _elements(4096, torch.float16, 4, "all_gather") == 2048
     flat, copied = flat_view(torch.empty(3, 4, device=device).t())
     _on(device, flat)
