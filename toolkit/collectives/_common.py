@@ -1,5 +1,5 @@
-"""What every collective here shares: the group seen from this rank, reduce ops, chunking,
-input checks, and the one point-to-point step they are all built from.
+"""What every collective here shares: the group seen from this rank, reduce ops, input checks,
+and the one point-to-point step they are all built from (chunking: `toolkit.chunks`).
 
 Every byte the algorithms move goes through `dist.isend` / `dist.irecv`, looked up at call time so
 that `toolkit.comm` records each message. The only other traffic is the optional agreement check
@@ -15,6 +15,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+# The tensor_split rule lives in toolkit.chunks (no dependencies); ring.py and all_reduce.py
+# take it from here.
+from ..chunks import chunk_bounds, chunk_sizes  # noqa: F401
 from ..comm import patch
 
 ReduceOpLike = Any  # "sum" | "avg" | "product" | "max" | "min" | torch.distributed.ReduceOp
@@ -93,31 +96,6 @@ def combine(op: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
 def finish_avg(op: str, t: torch.Tensor, size: int) -> None:
     if op == "avg":
         t.div_(size)
-
-
-# -- chunking ------------------------------------------------------------------------------------
-
-def chunk_sizes(numel: int, parts: int) -> list[int]:
-    """Sizes of `parts` nearly equal chunks of `numel` elements, larger ones first.
-
-    The same split as ``torch.tensor_split``: with n = q·parts + r the first r chunks hold q + 1
-    elements. Every rank computes the same split from (numel, parts) alone.
-    """
-    if parts < 1:
-        raise ValueError(f"chunk_sizes(parts={parts}) must be >= 1")
-    if numel < 0:
-        raise ValueError(f"chunk_sizes(numel={numel}) must be >= 0")
-    q, r = divmod(numel, parts)
-    return [q + 1 if i < r else q for i in range(parts)]
-
-
-def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
-    """(start, stop) element offsets of each chunk of `chunk_sizes`."""
-    bounds, start = [], 0
-    for size in chunk_sizes(numel, parts):
-        bounds.append((start, start + size))
-        start += size
-    return bounds
 
 
 # -- input checks --------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..collectives import chunk_sizes  # the torch.tensor_split rule, shared with every split
+from ..chunks import chunk_sizes  # the torch.tensor_split rule, shared with every split
 
 __all__ = ["RingAttention", "full_attention", "ring_attention", "sequence_sizes", "shard_sequence"]
 

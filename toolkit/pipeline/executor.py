@@ -44,7 +44,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..collectives import chunk_bounds  # the torch.tensor_split rule, shared with every split
+from ..chunks import chunk_bounds  # the torch.tensor_split rule, shared with every split
 from .schedules import Op, Schedule, make_schedule
 from .simulate import COLUMNS, idle_fraction
 from .validate import check_schedule
