@@ -292,3 +292,41 @@ def test_messages_of_a_one_sided_trace_have_the_other_half_missing():
     trace = Trace([ev(0, 0, "send", 1, 4), ev(0, 1, "send", 1, 4)])
     msgs = trace.messages()
     assert [(m.index, m.recv) for m in msgs] == [(0, None), (1, None)]
+
+
+# -- each recording keeps its own caps; what ranks drop reaches the parent ---------------------
+
+def test_each_recording_keeps_values_only_up_to_its_own_cap():
+    from toolkit.comm.recorder import Recorder
+
+    rec, small, large, full = Recorder(), Trace(), Trace(), Trace()
+    rec.start(small, max_events=10, values=2)
+    rec.start(large, max_events=10, values=8)
+    rec.start(full, max_events=1, values=8)
+    sent = Event(0, 0, "send", 1, 12, "float32", (3,), 0.0, 1.0, values=(1.0, 2.0, 3.0))
+    kept = rec.add(sent)
+    assert small.events[0].values is None                 # 3 elements > its cap of 2
+    assert large.events[0].values == (1.0, 2.0, 3.0) and full.events[0].values == (1.0, 2.0, 3.0)
+    assert len(kept) == 3 and rec.add(sent) and full.dropped == 1 and len(full) == 1
+    assert small.dropped == 0 and len(small) == 2
+
+
+def _nested_value_caps(rank, world_size):
+    with comm.recording(values=0) as plain:
+        with comm.recording(values=8) as valued:
+            if rank == 0:
+                dist.send(torch.arange(3.0), dst=1)
+                dist.isend(torch.arange(4.0), dst=1).wait()
+            else:
+                dist.recv(torch.zeros(3), src=0)
+                dist.irecv(torch.zeros(4), src=0).wait()
+    return ([(e.op, e.values, e.end is not None) for e in plain],
+            [(e.op, e.values, e.end is not None) for e in valued])
+
+
+@pytest.mark.multirank
+def test_nested_recordings_in_a_rank_keep_their_own_values_cap():
+    (plain, valued), _ = spawn(_nested_value_caps, 2, timeout=60)
+    assert plain == [("send", None, True), ("isend", None, True)]       # asked for no values
+    assert valued == [("send", (0.0, 1.0, 2.0), True), ("isend", (0.0, 1.0, 2.0, 3.0), True)]
+

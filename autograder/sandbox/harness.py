@@ -56,8 +56,8 @@ def _wrappers() -> dict[str, Any]:
 # The modules whose code turns a case into observations: the recorder (its totals decide the
 # traffic checks) and this harness. A submission that rebinds one of their functions or
 # methods, or swaps a function's code object, could report any traffic it likes.
-_INSTRUMENTS = ("toolkit.comm", "toolkit.comm.patch", "toolkit.comm.events",
-                "toolkit.comm.inflight", "toolkit.launch.worker", __name__)
+_INSTRUMENTS = ("toolkit.comm", "toolkit.comm.patch", "toolkit.comm.recorder",
+                "toolkit.comm.events", "toolkit.comm.inflight", "toolkit.launch.worker", __name__)
 
 
 def _identity(obj: Any) -> tuple[Any, Any] | None:
