@@ -330,3 +330,17 @@ def test_nested_recordings_in_a_rank_keep_their_own_values_cap():
     assert plain == [("send", None, True), ("isend", None, True)]       # asked for no values
     assert valued == [("send", (0.0, 1.0, 2.0), True), ("isend", (0.0, 1.0, 2.0, 3.0), True)]
 
+
+@pytest.mark.multirank
+def test_recordings_around_spawn_keep_their_own_caps_and_count_what_ranks_dropped():
+    with comm.recording(max_events=5) as few:
+        with comm.recording(max_events=10, values=8) as more:
+            spawn(many, 2, timeout=60)                     # 50 all_reduces per rank
+    assert len(more) == 20 and more.dropped == 80          # ranks kept 10 each (the larger cap)
+    assert len(few) == 10 and few.dropped == 90            # its own cap: 5 per rank
+    assert sorted(e.rank for e in few) == [0] * 5 + [1] * 5
+    with comm.recording(values=0) as plain:
+        with comm.recording(values=8) as valued:
+            spawn(_send_slices, 2, timeout=30)
+    assert [e.values for e in valued.where(op="send")] == [(2.0, 3.0, 4.0)]
+    assert all(e.values is None for e in plain)

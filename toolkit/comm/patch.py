@@ -277,6 +277,8 @@ def recording_cap(default: int = 200_000) -> int:
     return default if limit is None else limit
 
 
-def deliver(events: Iterable[Event], dropped: int = 0) -> None:
-    """Hand what a launch's ranks recorded to every active recording (`Recorder.deliver`)."""
-    RECORDER.deliver(events, dropped)
+def deliver(events: Iterable[Event], dropped: int = 0,
+            traces: Iterable[Trace] | None = None) -> None:
+    """Hand what a launch's ranks recorded to the active recordings (`traces`: only those),
+    each under its own caps (`Recorder.deliver`)."""
+    RECORDER.deliver(events, dropped, traces)

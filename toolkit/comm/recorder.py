@@ -102,14 +102,18 @@ class Recorder:
             sink.trace.events.append(kept[-1])
         return kept
 
-    def deliver(self, events: Iterable[Event], dropped: int = 0) -> None:
-        """In the parent, after a launch: the ranks' events into every active recording, each
-        keeping at most its own `max_events` per rank and its own values cap; `dropped` (what
-        the ranks could not keep) is added to each recording's count."""
+    def deliver(self, events: Iterable[Event], dropped: int = 0,
+                traces: Iterable[Trace] | None = None) -> None:
+        """In the parent, after a launch: the ranks' events into every active recording (or
+        those of `traces`), each keeping at most its own `max_events` per rank and its own
+        values cap; `dropped` (what the ranks could not keep) is added to each one's count."""
         by_rank: dict[int, list[Event]] = {}
         for e in events:
             by_rank.setdefault(e.rank, []).append(e)
+        chosen = None if traces is None else {id(t) for t in traces}
         for sink in self.sinks:
+            if chosen is not None and id(sink.trace) not in chosen:
+                continue
             kept = [sink.keep(e) for mine in by_rank.values() for e in mine[:sink.max_events]]
             sink.trace.dropped += dropped + sum(max(0, len(mine) - sink.max_events)
                                                 for mine in by_rank.values())

@@ -93,7 +93,8 @@ def resolve_backend(backend: str, local_world_size: int) -> str:
         return "nccl" if nccl_ok else "gloo"
     if backend == "nccl":
         if not dist.is_nccl_available() or gpus < local_world_size:
-            build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+            cuda = torch.version.cuda
+            build = "a CPU-only build" if cuda is None else f"CUDA {cuda}"
             raise ValueError(
                 f"backend='nccl' needs one GPU per rank: {local_world_size} ranks on this host, "
                 f"but torch {torch.__version__} ({build}) sees {gpus} GPU(s)"
