@@ -66,6 +66,7 @@ def test_inflight_board_posts_and_describes(tmp_path):
 
 
 def test_wrappers_are_installed_once_and_originals_kept():
+    comm.install()  # importing installs nothing (tests/test_imports.py); the launcher installs
     assert comm.is_installed()
     assert getattr(dist.all_reduce, "__toolkit_wrapped__", False)
     assert dist.all_reduce is dist.distributed_c10d.all_reduce

@@ -212,6 +212,7 @@ def run_rank(spec: RankSpec, fn: Callable[..., Any], args: tuple, result_fd: int
     code = 1
     try:
         _setup_process(spec)
+        comm.install()  # before fn runs: every call it makes goes through the recorder
         trace = comm.Trace()
         if spec.record:
             comm.start_recording(trace, spec.max_events, spec.values)
