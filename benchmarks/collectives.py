@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from toolkit import cost  # noqa: E402
 from toolkit.cost.results import machine_meta, save_results  # noqa: E402
+from toolkit.experiments.collectives import measure  # noqa: E402
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{world_sizes}; {args.repeats} trials each", flush=True)
     start = time.perf_counter()
     try:
-        df = cost.measure(cases, sizes=args.sizes, world_sizes=world_sizes, repeats=args.repeats,
+        df = measure(cases, sizes=args.sizes, world_sizes=world_sizes, repeats=args.repeats,
                           min_time=args.min_time, backend=args.backend, progress=True)
     except ValueError as exc:
         ap.error(str(exc))

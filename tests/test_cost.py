@@ -9,6 +9,7 @@ import pytest
 
 from toolkit import comm, cost
 from toolkit import collectives as C
+from toolkit.experiments.collectives import measure
 from toolkit.launch import spawn
 
 LINK = cost.AlphaBeta(alpha=50e-6, beta=1e-9)  # 50 µs, 1 GB/s
@@ -90,9 +91,9 @@ def test_fit_minimises_relative_error_and_keeps_parameters_non_negative():
     (lambda: cost.fit_alpha_beta([cost.Sample("all_reduce", "ring", 2, 1e3, 1e-3)]), "two or more"),
     (lambda: cost.fit_alpha_beta([cost.Sample("all_reduce", "ring", 2, 1e3, 0.0)] * 2), "> 0 s"),
     (lambda: cost.busbw("median", 1, 1, 2), "bus-bandwidth factor"),
-    (lambda: cost.measure([("all_reduce", "butterfly")], sizes=[8], world_sizes=[2]), "butterfly"),
-    (lambda: cost.measure([("all_reduce", "ring")], sizes=[8], world_sizes=[1]), ">= 2"),
-    (lambda: cost.measure([("all_reduce", "ring")], sizes=[0], world_sizes=[2]), "positive"),
+    (lambda: measure([("all_reduce", "butterfly")], sizes=[8], world_sizes=[2]), "butterfly"),
+    (lambda: measure([("all_reduce", "ring")], sizes=[8], world_sizes=[1]), ">= 2"),
+    (lambda: measure([("all_reduce", "ring")], sizes=[0], world_sizes=[2]), "positive"),
 ])
 def test_bad_input_says_what_was_expected(call, words):
     with pytest.raises(ValueError, match=words):
@@ -126,7 +127,7 @@ def torch_ones(n):
 
 @pytest.mark.multirank
 def test_measure_returns_a_table_with_bandwidths():
-    df = cost.measure([("all_reduce", "ring"), ("all_reduce", "torch"), ("all_gather", "ring"),
+    df = measure([("all_reduce", "ring"), ("all_reduce", "torch"), ("all_gather", "ring"),
                        ("broadcast", "tree"), ("scatter", "linear"), ("reduce_scatter", "torch")],
                       sizes=[4096, 65536], world_sizes=[2, 3], repeats=2, min_time=0.001)
     assert len(df) == 6 * 2 * 2

@@ -76,6 +76,10 @@ BUS_FACTOR: dict[str, Callable[[int], float]] = {
 """nccl-tests' factor from algorithm bandwidth to bus bandwidth (scatter/gather: ours, by the
 same rule: the root's link carries (p−1)/p of the data)."""
 
+TORCH = "torch"
+"""The algorithm name of torch's built-in collective (gloo or NCCL), the baseline a measured
+table (`toolkit.experiments.collectives.measure`) sets beside these models."""
+
 
 @dataclass(frozen=True)
 class AlphaBeta:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..cost import Fit, fit_alpha_beta
-from ..cost import measure as measure_collectives
+from ..experiments.collectives import measure as measure_collectives
 from ..launch import spawn
 from ..models import GPTConfig, TinyGPT, make_token_data
 from ..tensor_parallel import ParallelMLP, ParallelSelfAttention

@@ -1,6 +1,6 @@
 """Time collectives on real ranks over a sweep of sizes, in the manner of nccl-tests.
 
-    from toolkit.cost import measure
+    from toolkit.experiments.collectives import measure
     df = measure([("all_reduce", "ring"), ("all_reduce", "torch")],
                  sizes=[4096, 1 << 20], world_sizes=[2, 4])
 
@@ -25,12 +25,15 @@ import statistics
 import time
 from typing import Callable, Iterable, Sequence
 
+import pandas as pd
 import torch
 import torch.distributed as dist
 
-from .models import BUS_FACTOR, COEFFICIENTS
+from .. import collectives as C
+from ..cost.models import BUS_FACTOR, COEFFICIENTS, TORCH
+from ..launch import device, spawn
 
-TORCH = "torch"
+
 # torch 2.13 renamed the tensor forms (the old names warn); older releases only have the old ones.
 # Looked up at call time, so that toolkit.comm's recording wrappers are the ones called.
 def _RS_TENSOR(out, inp):
@@ -57,8 +60,6 @@ def _elements(nbytes: int, dtype: torch.dtype, p: int, collective: str) -> int:
 def _runner(collective: str, algorithm: str, n: int, p: int, rank: int,
             dtype: torch.dtype, device: torch.device) -> Callable[[], object]:
     """A zero-argument function doing one call on buffers allocated once."""
-    from .. import collectives as C
-
     ours = algorithm != TORCH
     full = torch.zeros(n, dtype=dtype, device=device)
     piece = torch.zeros(n // p, dtype=dtype, device=device)
@@ -68,7 +69,8 @@ def _runner(collective: str, algorithm: str, n: int, p: int, rank: int,
     fn = C.get_algorithm(collective, algorithm) if ours and collective in C.ALGORITHMS else None
     calls: dict[str, Callable[[], object]] = {
         "all_reduce": (lambda: fn(full, check=False)) if ours else (lambda: dist.all_reduce(full)),
-        "broadcast": (lambda: fn(full, 0, check=False)) if ours else (lambda: dist.broadcast(full, 0)),
+        "broadcast": ((lambda: fn(full, 0, check=False)) if ours
+                      else (lambda: dist.broadcast(full, 0))),
         "reduce": (lambda: fn(full, 0, check=False)) if ours else (lambda: dist.reduce(full, 0)),
         "reduce_scatter": ((lambda: C.ring_reduce_scatter(piece, full, check=False)) if ours
                            else (lambda: _RS_TENSOR(piece, full))),
@@ -85,8 +87,6 @@ def _runner(collective: str, algorithm: str, n: int, p: int, rank: int,
 def _rank_sweep(rank: int, world_size: int, cases, sizes, dtype, warmup, repeats, min_time):
     """Inside a rank: per (collective, algorithm, size), (numel, this rank's seconds per call in
     each trial)."""
-    from ..launch import device
-
     dev, out = device(), {}
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
@@ -152,10 +152,6 @@ def measure(cases: Iterable[tuple[str, str]], *, sizes: Sequence[int], world_siz
     Read a size as ``df["nbytes"]`` or through ``itertuples()``: on a row Series, ``row.nbytes``
     is pandas' own attribute (the row's memory), not this column.
     """
-    import pandas as pd
-
-    from ..launch import spawn
-
     cases = _validate(cases, sizes, world_sizes, repeats, warmup, min_time)
     sizes = [int(s) for s in sizes]
     rows = []
@@ -178,3 +174,6 @@ def measure(cases: Iterable[tuple[str, str]], *, sizes: Sequence[int], world_siz
             print(f"measured p={p}: {len(cases)} algorithms × {len(sizes)} sizes "
                   f"in {time.perf_counter() - t0:.1f} s", flush=True)
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+__all__ = ["COLUMNS", "TORCH", "measure"]

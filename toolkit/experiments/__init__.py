@@ -1,0 +1,17 @@
+"""Experiments: run the algorithms on real ranks, measure, and set the models' predictions beside.
+
+The models (`toolkit.cost`, `toolkit.memory`, `toolkit.flops`, `toolkit.planner`) are pure
+numbers and start no process; the algorithms (`toolkit.collectives`, `toolkit.data_parallel`,
+`toolkit.tensor_parallel`, ...) run inside ranks. What checks one against the other imports
+both, so it lives here, in one place, above them:
+
+================  =================================================================================
+module            holds
+================  =================================================================================
+`collectives`     `measure`: nccl-tests-style sweep of collectives over sizes and world sizes, a
+                  table to fit α and β to (`toolkit.cost.fit_alpha_beta`)
+================  =================================================================================
+
+Import a module by name (``from toolkit.experiments.collectives import measure``): this package
+imports none of them, so using one does not load the others' algorithms.
+"""
