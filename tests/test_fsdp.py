@@ -184,7 +184,7 @@ def test_gradient_accumulation_and_root_only(units_mode):
 
 
 def test_torch_fsdp2_holds_its_predicted_bytes():
-    from toolkit.memory.runs import predicted_rows, run_methods
+    from toolkit.experiments.memory import predicted_rows, run_methods
 
     rows = predicted_rows(run_methods(2, ("fsdp", "torch_fsdp2"), steps=1))
     for part in ("params", "grads", "optimizer"):

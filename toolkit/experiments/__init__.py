@@ -10,6 +10,9 @@ module            holds
 ================  =================================================================================
 `collectives`     `measure`: nccl-tests-style sweep of collectives over sizes and world sizes, a
                   table to fit α and β to (`toolkit.cost.fit_alpha_beta`)
+`memory`          `run_methods`: DDP, ZeRO-1/2, our FSDP and torch's FSDP2 trained on ranks, the
+                  bytes each rank holds and sends; `predicted_rows` sets `toolkit.memory`'s
+                  formulas beside them
 ================  =================================================================================
 
 Import a module by name (``from toolkit.experiments.collectives import measure``): this package

@@ -7,7 +7,8 @@
     memory.held_model_states(model, optimizer)                             # measured on a rank
 
 Pure functions, numbers in and numbers out (`states`, `activations`, `shapes`, `budget`);
-`measured` counts the bytes a live process holds, to check the formulas against real runs.
+`measured` counts the bytes a live process holds, to check the formulas against real runs
+(`toolkit.experiments.memory` trains on real ranks and sets the two side by side).
 Sources: ZeRO (Rajbhandari et al., SC 2020) for model states, Korthikanti et al. (2022) for
 activations; see each module.
 """
