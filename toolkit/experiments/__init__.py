@@ -13,6 +13,9 @@ module            holds
 `memory`          `run_methods`: DDP, ZeRO-1/2, our FSDP and torch's FSDP2 trained on ranks, the
                   bytes each rank holds and sends; `predicted_rows` sets `toolkit.memory`'s
                   formulas beside them
+`planner`         `run_layout`: TinyGPT steps on ranks under a dp × tp layout; `link_fit` and
+                  `concurrent_flops`: this machine's α-β and FLOP/s, to build a
+                  `toolkit.planner.laptop` whose predictions are set beside the runs
 ================  =================================================================================
 
 Import a module by name (``from toolkit.experiments.collectives import measure``): this package

@@ -121,6 +121,6 @@ def laptop(*, link: AlphaBeta, peak_flops: float, ranks: int = 4,
            memory_bytes: float = 2 * GiB) -> Cluster:
     """CPU ranks on this machine as a one-node cluster: `link` from `toolkit.cost.fit_alpha_beta`
     over a small sweep, `peak_flops` the FLOP/s one rank gets while all of them compute (a
-    matmul timing, `toolkit.planner.measure`), `memory_bytes` a share of RAM per rank."""
+    matmul timing, `toolkit.experiments.planner`), `memory_bytes` a share of RAM per rank."""
     return Cluster("laptop (measured)", ranks, memory_bytes, intra=link, inter=link,
                    peak_flops=peak_flops, source="measured on this machine")
