@@ -17,7 +17,8 @@ forward one (gradient of the input, of the weight), so a step costs 3× forward:
     per token:  6·N + 12·L·h·s          (PaLM appendix B; causal masking not subtracted)
 
 `torch.utils.flop_counter.FlopCounterMode` counts the matmuls a step actually runs; for
-`TinyGPT` it agrees with the formula exactly (`tests/test_flops.py`).
+`TinyGPT` it agrees with the formula exactly (`tests/test_flops.py`;
+`toolkit.experiments.flops.measure_step` counts and times a real step, recomputation included).
 
 Utilisation: MFU = model FLOPs per second ÷ peak; HFU = FLOPs the hardware did (recomputation
 included) per second ÷ peak. Full activation recomputation reruns every layer's forward: 8N +
@@ -35,11 +36,11 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
-from .models import GPTConfig, TinyGPT
+from .models import GPTConfig
 
 __all__ = ["A100_BF16", "A100_FP32", "H100_PCIE_BF16", "H100_SXM_BF16", "PEAK_FLOPS",
            "V100_FP16", "count_flops", "flops_per_token", "hfu", "matmul_params", "matmul_peak",
-           "measure_step", "mfu", "recompute_flops", "step_flops", "timed"]
+           "mfu", "recompute_flops", "step_flops", "timed"]
 
 # Peak dense tensor-core throughput, FLOP/s (vendor datasheets; "with sparsity" figures halved).
 V100_FP16 = 125e12  # NVIDIA V100 SXM2 datasheet, fp16 tensor core
@@ -150,29 +151,3 @@ def timed(fn: Callable[[], Tensor | None], *, repeats: int = 3) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-def measure_step(model: TinyGPT, idx: Tensor, targets: Tensor, *, every: int | None = None,
-                 repeats: int = 3) -> dict[str, float]:
-    """One training step (forward + backward) of `model`, counted and timed.
-
-    ``every``: checkpoint segments of that many blocks (`toolkit.recompute.CheckpointedGPT`),
-    None for none. Returns ``model_flops`` (the formula, `step_flops`), ``counted_flops``
-    (FlopCounterMode: what ran, recomputation included), ``seconds`` (best of `repeats`) and
-    ``flops_per_s`` (model FLOPs per second: the numerator of MFU).
-    """
-    from .recompute import CheckpointedGPT  # here: recompute imports nothing from this module
-
-    step_model = CheckpointedGPT(model, every=every)
-
-    def step() -> None:
-        model.zero_grad(set_to_none=True)
-        _, loss = step_model(idx, targets)
-        loss.backward()
-
-    counted = count_flops(step)
-    seconds = timed(step, repeats=repeats)
-    model.zero_grad(set_to_none=True)
-    analytic = step_flops(model.cfg, idx.shape[0], seq_len=idx.shape[1])["model"]
-    return {"model_flops": analytic, "counted_flops": float(counted), "seconds": seconds,
-            "flops_per_s": analytic / seconds}

@@ -10,6 +10,8 @@ module            holds
 ================  =================================================================================
 `collectives`     `measure`: nccl-tests-style sweep of collectives over sizes and world sizes, a
                   table to fit α and β to (`toolkit.cost.fit_alpha_beta`)
+`flops`           `measure_step`: one TinyGPT step counted (FlopCounterMode) and timed, beside
+                  `toolkit.flops.step_flops`; recomputation included
 `memory`          `run_methods`: DDP, ZeRO-1/2, our FSDP and torch's FSDP2 trained on ranks, the
                   bytes each rank holds and sends; `predicted_rows` sets `toolkit.memory`'s
                   formulas beside them
