@@ -48,7 +48,7 @@ from ..flops import step_flops
 from ..memory import GiB, MIXED_ADAM, ModelShape, Recipe, model_shape, model_state_bytes
 from ..memory import activation_bytes_per_layer
 from ..models import GPTConfig, gpt_param_count
-from ..pipeline import bubble_fraction, peak_activations
+from ..cost.bubble import bubble_fraction, peak_activations
 from .cluster import Cluster
 from .layout import Layout
 
