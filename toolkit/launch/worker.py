@@ -127,8 +127,8 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _setup_process(spec: RankSpec) -> Any:
-    """Signals, stdio, fault handlers, threads, seeds, environment. Returns the stack file."""
+def _setup_process(spec: RankSpec) -> None:
+    """Signals, stdio, fault handlers, threads, seeds, environment."""
     _die_with_parent(spec.parent_pid)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
@@ -142,8 +142,8 @@ def _setup_process(spec: RankSpec) -> Any:
     sys.stdout = open(1, "w", **text)
     sys.stderr = open(2, "w", **text)
     faulthandler.enable(file=sys.stderr)  # a segfault prints the Python stack to stderr
-    stack_file = open(spec.stack_path, "w")
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    # faulthandler holds its own reference to the file: it stays open for the rank's life.
+    faulthandler.register(signal.SIGUSR1, file=open(spec.stack_path, "w"), all_threads=True)
 
     local = {"RANK": spec.rank, "WORLD_SIZE": spec.world_size, "LOCAL_RANK": spec.rank,
              "LOCAL_WORLD_SIZE": spec.world_size}
@@ -163,7 +163,6 @@ def _setup_process(spec: RankSpec) -> Any:
             np.random.seed((spec.seed + spec.rank) % 2**32)
         except ImportError:
             pass
-    return stack_file
 
 
 def _init_group(spec: RankSpec) -> None:

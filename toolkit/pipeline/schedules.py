@@ -211,7 +211,7 @@ def interleaved(p: int, m: int, v: int) -> Schedule:
 def make_schedule(name: str, *, p: int, m: int = 1, v: int = 1) -> Schedule:
     """The schedule called `name` (one of `NAMES`) for p stages, m micro-batches, v chunks."""
     key = str(name).lower().replace("-", "").replace("_", "")
-    if key not in ("naive", "gpipe", "1f1b", "interleaved"):
+    if key not in NAMES:
         raise ValueError(f"make_schedule: unknown schedule {name!r}; choose one of {NAMES}")
     if key != "interleaved" and v != 1:
         raise ValueError(f"make_schedule: v (chunks per rank) = {v} needs the 'interleaved' "

@@ -16,12 +16,12 @@ import html
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from ..pipeline import bubble_fraction, in_flight, make_schedule, simulate
+from ..pipeline import NAMES, bubble_fraction, in_flight, make_schedule, simulate
 from ..viz.pipeline import gantt
 from .base import show_in
 
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved")
-"""What the schedule menu offers."""
+SCHEDULES = NAMES
+"""What the schedule menu offers: every schedule `make_schedule` knows."""
 P_MAX, M_MAX, V_MAX = 8, 16, 4   # slider ranges: enough to see the trends, small enough to read
 
 
