@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
+from .arguments import check_int
 from .models import GPTConfig
 
 __all__ = ["A100_BF16", "A100_FP32", "H100_PCIE_BF16", "H100_SXM_BF16", "PEAK_FLOPS",
@@ -64,9 +65,7 @@ def matmul_params(cfg: GPTConfig) -> int:
 
 def _seq(cfg: GPTConfig, seq_len: int | None) -> int:
     s = cfg.seq_len if seq_len is None else seq_len
-    if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s:
-        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
-    return s
+    return check_int("", "seq_len", s)
 
 
 def flops_per_token(cfg: GPTConfig, *, seq_len: int | None = None) -> float:
@@ -97,8 +96,7 @@ def recompute_flops(cfg: GPTConfig, *, seq_len: int | None = None,
 def step_flops(cfg: GPTConfig, batch: int, *, seq_len: int | None = None,
                recompute: str = "none") -> dict[str, float]:
     """``{"model": ..., "hardware": ...}`` FLOPs of one step of `batch` sequences of `seq_len`."""
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a positive int, got {batch!r}")
+    check_int("step_flops", "batch", batch)
     tokens = batch * _seq(cfg, seq_len)
     model = flops_per_token(cfg, seq_len=seq_len) * tokens
     return {"model": model,

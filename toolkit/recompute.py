@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .arguments import check_int
 from .models import TinyGPT
 
 __all__ = ["CheckpointedGPT", "StepMeasure", "best_every", "chen_memory", "measure",
@@ -51,9 +52,8 @@ def segment_sizes(n_layer: int, every: int | None) -> list[int]:
     """
     if every is None:
         return []
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ValueError(f"every must be None (no checkpointing) or an int >= 1 (blocks per "
-                         f"checkpointed segment), got {every!r}")
+    check_int("", "every", every, expected="None (no checkpointing) or an int >= 1 (blocks per "
+                                           "checkpointed segment)")
     return [min(every, n_layer - i) for i in range(0, n_layer, every)]
 
 
@@ -74,8 +74,7 @@ def chen_memory(n_layer: int, every: int | None, *, input_bytes: float = 1.0,
 def best_every(n_layer: int, *, input_bytes: float = 1.0, block_bytes: float = 1.0) -> int:
     """The segment length k with the least `chen_memory`: √L when an input costs as much as a
     block's internals (Chen et al., section 4), about √(L·a/c) in general."""
-    if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer < 1:
-        raise ValueError(f"n_layer must be an int >= 1, got {n_layer!r}")
+    check_int("best_every", "n_layer", n_layer)
     return min(range(1, n_layer + 1), key=lambda k: (
         chen_memory(n_layer, k, input_bytes=input_bytes, block_bytes=block_bytes),
         abs(k - math.sqrt(n_layer * input_bytes / block_bytes))))

@@ -15,6 +15,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from ..arguments import is_int
+
 # The tensor_split rule lives in toolkit.chunks (no dependencies); ring.py and all_reduce.py
 # take it from here.
 from ..chunks import chunk_bounds, chunk_sizes  # noqa: F401
@@ -47,7 +49,7 @@ class GroupView:
 
     def group_rank(self, global_rank: int, *, name: str, arg: str) -> int:
         """Rank within the group of a global rank given as `arg`; a clear error if outside."""
-        if not isinstance(global_rank, int) or isinstance(global_rank, bool):
+        if not is_int(global_rank):
             raise TypeError(f"{name}({arg}=...) must be an int (a global rank), "
                             f"got {type(global_rank).__name__}")
         if global_rank not in self.ranks:

@@ -23,15 +23,15 @@ number divided by v in stage units (Megatron's warm-up, plus the forward of the 
 
 from __future__ import annotations
 
+from ..arguments import check_int
+
 
 def check_sizes(owner: str, p: int, m: int, v: int = 1) -> None:
     """Raise a ValueError naming `owner` unless p (stages), m (micro-batches) and v (chunks per
     rank) are ints >= 1: the sizes every schedule and formula here takes."""
-    for arg, value, hint in (("p", p, "the number of stages (ranks)"),
-                             ("m", m, "the number of micro-batches"),
-                             ("v", v, "the number of model chunks per rank")):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{owner}: {arg} ({hint}) must be an int >= 1, got {value!r}")
+    check_int(owner, "p", p, hint="the number of stages (ranks)")
+    check_int(owner, "m", m, hint="the number of micro-batches")
+    check_int(owner, "v", v, hint="the number of model chunks per rank")
 
 
 def bubble_fraction(schedule: str, *, p: int, m: int = 1, v: int = 1) -> float:

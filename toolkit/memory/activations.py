@@ -19,6 +19,8 @@ figures add the embeddings and output layer; these functions count transformer l
 
 from __future__ import annotations
 
+from ..arguments import check_int, check_ints
+
 RECOMPUTE = ("none", "full")
 """Activation recomputation policies modelled here."""
 
@@ -28,11 +30,8 @@ def activation_bytes_per_layer(*, seq_len: int, batch: int, hidden: int, heads: 
                                recompute: str = "none") -> float:
     """Bytes of activations one transformer layer keeps for its backward (Korthikanti et al.
     2022, eqs. 1-3 and §5); see the module docstring for the four cases."""
-    for name, value in (("seq_len", seq_len), ("batch", batch), ("hidden", hidden),
-                        ("heads", heads), ("tensor_parallel", tensor_parallel)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"activation_bytes_per_layer: {name} must be an int >= 1, "
-                             f"got {value!r}")
+    check_ints("activation_bytes_per_layer", seq_len=seq_len, batch=batch, hidden=hidden,
+               heads=heads, tensor_parallel=tensor_parallel)
     if recompute not in RECOMPUTE:
         raise ValueError(f"activation_bytes_per_layer: recompute must be one of {RECOMPUTE}, "
                          f"got {recompute!r}")
@@ -52,8 +51,7 @@ def activation_bytes(*, layers: int, seq_len: int, batch: int, hidden: int, head
                      recompute: str = "none") -> float:
     """Bytes of activations of `layers` identical transformer layers for one micro-batch:
     ``layers × activation_bytes_per_layer(...)`` (embeddings and logits left out)."""
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
-        raise ValueError(f"activation_bytes: layers must be an int >= 0, got {layers!r}")
+    check_int("activation_bytes", "layers", layers, low=0)
     return layers * activation_bytes_per_layer(
         seq_len=seq_len, batch=batch, hidden=hidden, heads=heads,
         tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel,

@@ -44,6 +44,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..arguments import check_ints
 from ..chunks import chunk_bounds  # the torch.tensor_split rule, shared with every split
 from .schedules import Op, Schedule, make_schedule
 from .simulate import COLUMNS, idle_fraction
@@ -55,9 +56,7 @@ LossFn = Callable[[Tensor, Tensor], Tensor]
 
 def assign_layers(n_layers: int, *, p: int, v: int = 1) -> list[list[range]]:
     """Per rank, per chunk, the range of layer indices it holds (see the module docstring)."""
-    for arg, value in (("p", p), ("v", v), ("n_layers", n_layers)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"assign_layers: {arg} must be an int >= 1, got {value!r}")
+    check_ints("assign_layers", p=p, v=v, n_layers=n_layers)
     if p > n_layers:
         raise ValueError(f"p (stages) = {p} is more than the {n_layers} layers: every stage "
                          f"needs at least one layer; use p <= {n_layers} or more layers")
@@ -281,10 +280,7 @@ def run_pipeline(layers: Sequence[nn.Module] | nn.Sequential, x: Tensor, y: Tens
     else:
         if p is None:
             raise ValueError("run_pipeline: pass p, the number of stages (ranks)")
-        for arg, value in (("p", p), ("m", m if m is not None else 1),
-                           ("v", v if v is not None else 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"run_pipeline: {arg} must be an int >= 1, got {value!r}")
+        check_ints("run_pipeline", p=p, m=1 if m is None else m, v=1 if v is None else v)
         sched = make_schedule(schedule, p=p, m=m or 1, v=v or 1)
     ranges = assign_layers(len(layers), p=sched.p, v=sched.v)
     if len(x) != len(y):

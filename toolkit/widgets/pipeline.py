@@ -16,6 +16,7 @@ import html
 import ipywidgets as W
 import plotly.graph_objects as go
 
+from ..arguments import check_int
 from ..pipeline import NAMES, bubble_fraction, in_flight, make_schedule, simulate
 from ..viz.pipeline import gantt
 from .base import show_in
@@ -113,9 +114,7 @@ def pipeline_explorer(*, schedule: str = "1f1b", p: int = 4, m: int = 8, v: int 
         raise ValueError(f"pipeline_explorer: schedule must be one of {SCHEDULES}, "
                          f"got {schedule!r}")
     for arg, value, top in (("p", p, P_MAX), ("m", m, M_MAX), ("v", v, V_MAX)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-            raise ValueError(f"pipeline_explorer: {arg} must be an int in 1 … {top}, "
-                             f"got {value!r}")
+        check_int("pipeline_explorer", arg, value, high=top)
     return PipelineExplorer(schedule=schedule, p=p, m=m, v=v, ratio=float(ratio))
 
 
