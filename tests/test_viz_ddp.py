@@ -1,4 +1,4 @@
-"""toolkit.viz.ddp and toolkit.widgets.ddp: lesson 04's figures, pure models and explorer.
+"""toolkit.viz.ddp and toolkit.widgets.SliderExplorer: lesson 04's figures, pure models and explorer.
 
 The α-β step model is checked against the formula by hand, the staleness simulation against the
 closed-form stability bound of delayed gradient descent, the overlap timeline against a
@@ -16,7 +16,7 @@ import pytest
 from toolkit.comm.events import Event
 from toolkit.cost import AlphaBeta
 from toolkit.viz.ddp import dp_step_time, overlap_timeline, scaling_figure, scaling_table, stale_sgd
-from toolkit.widgets.ddp import SliderExplorer
+from toolkit.widgets import SliderExplorer
 
 LINK = AlphaBeta(alpha=100e-6, beta=1e-9)
 
