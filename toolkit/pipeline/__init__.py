@@ -23,17 +23,20 @@ module          holds
                 `peak_activations` (a pure model: `toolkit.cost.bubble`, re-exported here)
 `simulate`      `simulate` (ideal timeline from op times), `idle_fraction`, `stage_times`
 `work`          `Delay` (a layer that sleeps a known time per sample), `delay_blocks`
-`executor`      `run_pipeline` (spawns p ranks), `run_stage` (one rank's part), `assign_layers`
+`executor`      `run_pipeline` (spawns p ranks, one `PipelineRun` back)
+`stage`         `run_stage` (one rank's part: receive, compute, send per op), `assign_layers`
+`messages`      tags, who sends what to whom (`Routes`), a rank's `Mailbox`
 ==============  ==================================================================================
 """
 
 from ..cost.bubble import bubble_fraction, bubble_time_ratio, peak_activations, pipeline_time
-from .executor import PipelineRun, assign_layers, run_pipeline, run_stage
+from .executor import PipelineRun, run_pipeline
 from .schedules import (
     NAMES, Op, Schedule, as_op, as_schedule, gpipe, interleaved, make_schedule, naive,
     one_f_one_b,
 )
 from .simulate import COLUMNS, Timeline, idle_fraction, simulate, stage_times
+from .stage import assign_layers, run_stage
 from .validate import (
     KINDS, Problem, ScheduleError, check_schedule, in_flight, needs, problems, problems_by_case,
     run_order,
