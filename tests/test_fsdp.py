@@ -191,3 +191,53 @@ def test_torch_fsdp2_holds_its_predicted_bytes():
         assert (rows[part] == rows[f"padded_{part}"]).all(), part
     # Both shard Ψ over 2 ranks: within 2 % of 16Ψ/N_d, whatever the padding scheme.
     assert ((rows.measured_total / rows.pred_total - 1).abs() < 0.02).all()
+
+
+def _states(rank, world_size):
+    """Each group's state at the points of a step where the design says what it must be."""
+    from toolkit.data_parallel.fsdp import State
+
+    model = FSDP(TinyGPT(CFG), prefetch=True)
+    units = model.unit_groups
+
+    def states(groups):
+        return [g.state.value for g in groups]
+
+    seen = {"start": states(model._all_groups())}
+
+    def note(key, groups):
+        def hook(module, args, out):  # registered after FSDP's own hooks on the unit
+            seen.setdefault(key, states(groups))
+        return hook
+
+    model.module.blocks[0].register_forward_hook(note("after block 0", units[0] + units[1]))
+    model.module.blocks[2].register_forward_hook(note("root in forward", model.root_groups))
+    loss = _loss("gpt", model, rank, world_size)
+    seen["after forward"] = states(sum(units, [])), states(model.root_groups)
+    loss.backward()
+    seen["after backward"] = states(model._all_groups())
+    # Using a freed group, or a buffer freed behind the group's back, is caught, not used.
+    g = units[0][0]
+    for key in ("install freed", "storage gone"):
+        try:
+            g.install()
+            seen[key] = "not caught"
+        except AssertionError as exc:
+            seen[key] = str(exc)
+        g.gather()
+        assert g.state is State.GATHERED
+        g.full.untyped_storage().resize_(0)
+    return seen
+
+
+def test_group_state_is_explicit_and_follows_the_step():
+    seen = spawn(_states, 2, timeout=TIMEOUT)[0]
+    assert set(seen["start"]) == {"freed"}
+    # Block 0 freed as soon as its forward returned; block 1 prefetched (all-gather in flight).
+    assert seen["after block 0"] == ["freed", "in flight"]
+    assert set(seen["root in forward"]) == {"gathered"}      # kept for the whole forward
+    in_units, in_root = seen["after forward"]
+    assert set(in_units) == {"freed"} and set(in_root) == {"gathered"}
+    assert set(seen["after backward"]) == {"freed"}
+    assert seen["install freed"].startswith("FlatGroup is freed, expected")
+    assert seen["storage gone"].startswith("FlatGroup gathered holds 0 bytes of its")
