@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 from .. import comm
-from . import worker
+from . import safe_pickle, worker
 from .context import resolve_backend
 from .diagnose import failure_error, is_cause, timeout_error
 from .outcome import RankFailure, RankOutcome
@@ -352,8 +352,6 @@ class _Launch:
 
     def _on_frame(self, rank: RankProcess, frame: bytes) -> None:
         import cloudpickle
-
-        from . import safe_pickle
 
         try:
             plain = cloudpickle.loads(frame) if self.trusted else safe_pickle.loads(frame)
