@@ -150,7 +150,7 @@ def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
     index = {p.name: i for i, p in enumerate(params)}
     default = {p.name: (None if p.default is inspect.Parameter.empty else p.default)
                for p in params}
-    rec = RECORDER
+    rec, tls, counter = RECORDER, RECORDER.tls, RECORDER.seq  # looked up once: a hot path
 
     def arg(args: tuple, kwargs: dict, key: str | None) -> Any:
         if key is None or key not in index:
@@ -161,7 +161,7 @@ def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         board = rec.board
-        if rec.tls.depth or (board is None and not rec.sinks):  # idle: the cheap path
+        if tls.depth or (board is None and not rec.sinks):  # idle: the cheap path
             return orig(*args, **kwargs)
 
         nbytes, dtype, shape = _describe(arg(args, kwargs, spec.payload))
@@ -171,18 +171,18 @@ def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
             group_peer = arg(args, kwargs, spec.group_peer)
             if group_peer is not None:
                 peer = dist.get_global_rank(group, group_peer) if group is not None else group_peer
-        rank = rec.current_rank()
-        seq = next(rec.seq)
+        rank = rec.rank if rec.rank is not None else dist.get_rank()
+        seq = next(counter)
         is_async = spec.always_async or bool(arg(args, kwargs, "async_op"))
 
         if board is not None:
             board.post(rank, seq, name, peer, nbytes, dtype)
         start = time.time()
-        rec.tls.depth += 1
+        tls.depth += 1
         try:
             out = orig(*args, **kwargs)
         finally:
-            rec.tls.depth -= 1
+            tls.depth -= 1
             if board is not None:
                 board.done(rank)
         if name == "recv" and peer is None and isinstance(out, int):

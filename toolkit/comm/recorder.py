@@ -20,8 +20,6 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-import torch.distributed as dist
-
 from .events import Event, Trace
 from .inflight import InflightBoard
 
@@ -62,9 +60,6 @@ class Recorder:
         self.seq = itertools.count()
         """Numbers this process's calls 0, 1, 2, ... (`Event.seq`)."""
         self.tls = _ThreadState()
-
-    def current_rank(self) -> int:
-        return self.rank if self.rank is not None else dist.get_rank()
 
     def attach(self, rank: int, board: InflightBoard | None) -> None:
         self.rank, self.board = rank, board
