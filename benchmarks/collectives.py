@@ -1,6 +1,6 @@
 """Time collectives in the manner of nccl-tests: built-in and the toolkit's, CPU or GPU.
 
-    python benchmarks/collectives.py                              # all-reduce, 4 KB..64 MB, 2 and 4 ranks
+    python benchmarks/collectives.py          # all-reduce, 4 KB..64 MB, 2 and 4 ranks
     python benchmarks/collectives.py --collectives all_reduce,broadcast --world-sizes 2,4,8
     python benchmarks/collectives.py --backend nccl --out results/h100   # on a GPU node
 
@@ -57,13 +57,15 @@ def print_tables(df) -> None:
     for (collective, p), block in df.groupby(["collective", "p"], sort=False):
         algs = list(dict.fromkeys(block.algorithm))
         print(f"\n# {collective}, {p} ranks, {block.backend.iloc[0]}, {block.dtype.iloc[0]}")
-        head = f"{'size':>10} {'count':>10}  " + "  ".join(f"{a + ' time(us)':>18} {'algbw':>6} {'busbw':>6}" for a in algs)
+        head = f"{'size':>10} {'count':>10}  " + "  ".join(
+            f"{a + ' time(us)':>18} {'algbw':>6} {'busbw':>6}" for a in algs)
         print(head + "   (GB/s)")
         for nbytes, row in block.groupby("nbytes", sort=True):
             cells = []
             for a in algs:
                 r = row[row.algorithm == a].iloc[0]
-                cells.append(f"{r.seconds * 1e6:>18.1f} {r.algbw / 1e9:>6.2f} {r.busbw / 1e9:>6.2f}")
+                cells.append(f"{r.seconds * 1e6:>18.1f} {r.algbw / 1e9:>6.2f} "
+                             f"{r.busbw / 1e9:>6.2f}")
             print(f"{cost.human_bytes(nbytes):>10} {row.numel.iloc[0]:>10}  " + "  ".join(cells))
 
 
@@ -78,14 +80,16 @@ def print_ratios(df) -> None:
             if alg == cost.TORCH:
                 continue
             mine = block[block.algorithm == alg].set_index("nbytes").seconds
-            ratios = "  ".join(f"{cost.human_bytes(n)}: {mine[n] / ref[n]:.2f}" for n in mine.index if n in ref)
+            ratios = "  ".join(f"{cost.human_bytes(n)}: {mine[n] / ref[n]:.2f}"
+                               for n in mine.index if n in ref)
             print(f"{collective:>15} {alg:>11} p={p}:  {ratios}")
 
 
 def print_fits(df):
     print("\n# α-β fit per algorithm (relative least squares over every size and world size)")
     fits = {}
-    for (collective, alg), block in df[df.algorithm != cost.TORCH].groupby(["collective", "algorithm"]):
+    ours = df[df.algorithm != cost.TORCH]
+    for (collective, alg), block in ours.groupby(["collective", "algorithm"]):
         if block.nbytes.nunique() < 2:
             continue
         fit = cost.fit_alpha_beta(block)
@@ -102,12 +106,14 @@ def report_html(df, fits, path: Path, meta: dict) -> None:
 
     groups = list(df.groupby(["collective", "p"], sort=False))
     fig = make_subplots(rows=len(groups), cols=2, subplot_titles=[
-        t for (c, p), _ in groups for t in (f"{c}, p={p}: time per call", f"{c}, p={p}: bus bandwidth")])
+        t for (c, p), _ in groups
+        for t in (f"{c}, p={p}: time per call", f"{c}, p={p}: bus bandwidth")])
     for i, ((collective, p), block) in enumerate(groups, start=1):
         for alg, rows in block.groupby("algorithm", sort=False):
             rows = rows.sort_values("nbytes")
             fig.add_trace(go.Scatter(x=rows.nbytes, y=rows.seconds * 1e6, mode="lines+markers",
-                                     name=f"{alg}", legendgroup=alg, showlegend=i == 1), row=i, col=1)
+                                     name=f"{alg}", legendgroup=alg, showlegend=i == 1),
+                          row=i, col=1)
             fig.add_trace(go.Scatter(x=rows.nbytes, y=rows.busbw / 1e9, mode="lines+markers",
                                      name=alg, legendgroup=alg, showlegend=False), row=i, col=2)
             fit = fits.get((collective, alg))
@@ -120,7 +126,8 @@ def report_html(df, fits, path: Path, meta: dict) -> None:
         fig.update_yaxes(type="log", title_text="µs", row=i, col=1)
         fig.update_yaxes(title_text="GB/s", row=i, col=2)
     fig.update_layout(height=380 * len(groups), title=f"collectives on {meta['host']} "
-                      f"({meta['backend']}, torch {meta['torch']}, {meta['date']}); dotted: fitted α-β model")
+                      f"({meta['backend']}, torch {meta['torch']}, {meta['date']}); "
+                      "dotted: fitted α-β model")
     fig.write_html(path, include_plotlyjs="cdn")
 
 
@@ -137,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world-sizes", default="2,4", help="comma list of rank counts (default 2,4)")
     ap.add_argument("--repeats", type=int, default=5, help="timed trials per point (default 5)")
     ap.add_argument("--min-time", type=float, default=0.01,
-                    help="seconds one trial should last; small sizes repeat the call (default 0.01)")
+                    help="seconds one trial should last; small sizes repeat the call "
+                         "(default 0.01)")
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
                     help="auto: NCCL when there are enough GPUs, else gloo")
     ap.add_argument("--out", type=Path, help="folder for results.csv, meta.json, report.html")
@@ -150,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = []
     for collective in args.collectives.split(","):
         if collective not in cost.COEFFICIENTS:
-            ap.error(f"--collectives: unknown {collective!r}; choose from {', '.join(cost.COEFFICIENTS)}")
+            ap.error(f"--collectives: unknown {collective!r}; "
+                     f"choose from {', '.join(cost.COEFFICIENTS)}")
         known = list(cost.COEFFICIENTS[collective]) + [cost.TORCH]
         wanted = known if args.algorithms == "all" else args.algorithms.split(",")
         cases += [(collective, a) for a in wanted if a in known]

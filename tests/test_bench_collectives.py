@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_collectives", ROOT / "benchmarks" / "collectives.py")
+    spec = importlib.util.spec_from_file_location("bench_collectives",
+                                                  ROOT / "benchmarks" / "collectives.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -58,7 +58,8 @@ def test_inflight_board_posts_and_describes(tmp_path):
     board.post(1, 5, "recv", 0, 4000, "float32")
     slot = reader.read(1)
     assert slot.active and slot.op == "recv" and slot.peer == 0 and slot.seq == 5
-    assert slot.describe(slot.start + 2).startswith("in recv from rank 0 (4,000 bytes, float32) for 2.0 s")
+    assert slot.describe(slot.start + 2).startswith(
+        "in recv from rank 0 (4,000 bytes, float32) for 2.0 s")
     board.done(1)
     assert not reader.read(1).active and "not in a communication call" in reader.read(1).describe()
     board.close()

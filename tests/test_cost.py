@@ -55,13 +55,15 @@ def test_crossover_of_ring_and_parameter_server():
     a2, b2 = cost.coefficients("all_reduce", "tree", 8)
     assert n_star == pytest.approx((a1 - a2) * LINK.alpha / ((b2 - b1) * LINK.beta))
     below, above = n_star / 2, n_star * 2
-    ring, tree = (lambda n, a=a: cost.predict("all_reduce", a, n, 8, LINK) for a in ("ring", "tree"))
+    ring, tree = (lambda n, a=a: cost.predict("all_reduce", a, n, 8, LINK)
+                  for a in ("ring", "tree"))
     assert ring(below) > tree(below) and ring(above) < tree(above)
     assert cost.crossover_bytes("all_reduce", "ps", "ring", 4, LINK) == math.inf
 
 
 def test_fit_recovers_alpha_and_beta_from_exact_samples():
-    samples = [cost.Sample("all_reduce", alg, p, n, float(cost.predict("all_reduce", alg, n, p, LINK)))
+    samples = [cost.Sample("all_reduce", alg, p, n,
+                           float(cost.predict("all_reduce", alg, n, p, LINK)))
                for alg in ("ring", "ps", "tree") for p in (2, 4) for n in (4e3, 1e5, 4e6, 6.4e7)]
     fit = cost.fit_alpha_beta(samples)
     assert fit.link.alpha == pytest.approx(LINK.alpha, rel=1e-6)
@@ -73,12 +75,14 @@ def test_fit_minimises_relative_error_and_keeps_parameters_non_negative():
     rng = np.random.default_rng(0)
     sizes = np.geomspace(4e3, 6.4e7, 12)
     noisy = [cost.Sample("all_reduce", "ring", 4, n,
-                         float(cost.predict("all_reduce", "ring", n, 4, LINK)) * rng.uniform(0.9, 1.1))
+                         float(cost.predict("all_reduce", "ring", n, 4, LINK))
+                         * rng.uniform(0.9, 1.1))
              for n in sizes]
     fit = cost.fit_alpha_beta(noisy)
     assert fit.max_abs_error < 0.2 and fit.link.alpha > 0 and fit.link.beta > 0
     # Times that shrink with size would need a negative α or β: the fit clamps at 0.
-    odd = [cost.Sample("all_reduce", "ring", 2, n, t) for n, t in [(1e3, 1.0), (1e6, 0.5), (1e7, 0.4)]]
+    odd = [cost.Sample("all_reduce", "ring", 2, n, t)
+           for n, t in [(1e3, 1.0), (1e6, 0.5), (1e7, 0.4)]]
     fit = cost.fit_alpha_beta(odd)
     assert fit.link.alpha >= 0 and fit.link.beta >= 0
     assert np.allclose(cost.relative_errors(odd, fit.link), fit.relative_errors)
@@ -117,7 +121,8 @@ def test_models_match_the_traffic_the_collectives_record():
         with comm.recording() as trace:
             spawn(work, p, collective, algorithm, timeout=30)
         busiest = max(t.bytes_sent for t in trace.totals().values())
-        assert busiest == cost.bytes_sent_per_rank(collective, algorithm, X, p), collective + algorithm
+        assert busiest == cost.bytes_sent_per_rank(collective, algorithm, X, p), (
+            collective + algorithm)
 
 
 def torch_ones(n):
@@ -131,7 +136,8 @@ def test_measure_returns_a_table_with_bandwidths():
                        ("broadcast", "tree"), ("scatter", "linear"), ("reduce_scatter", "torch")],
                       sizes=[4096, 65536], world_sizes=[2, 3], repeats=2, min_time=0.001)
     assert len(df) == 6 * 2 * 2
-    assert set(df.columns) >= {"collective", "algorithm", "p", "nbytes", "seconds", "algbw", "busbw"}
+    assert set(df.columns) >= {"collective", "algorithm", "p", "nbytes", "seconds", "algbw",
+                               "busbw"}
     assert (df.seconds > 0).all() and (df.min_seconds <= df.seconds).all()
     ar = df[(df.collective == "all_reduce") & (df.p == 3)]
     assert np.allclose(ar.busbw, ar.algbw * 4 / 3)

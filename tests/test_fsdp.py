@@ -65,7 +65,7 @@ def _fsdp(rank, world, kind, optimizer, opts, prefetch, dtype):
     model = FSDP(_model(kind), prefetch=prefetch, compute_dtype=dtype)
     opt = optimizer([p for p in model.parameters() if p.requires_grad], **opts)
     with comm.recording() as trace:
-        for step in range(STEPS):
+        for _ in range(STEPS):
             opt.zero_grad()
             _loss(kind, model, rank, world).backward()
             opt.step()
@@ -84,11 +84,11 @@ def test_fp32_matches_single_process(world):
             want = _reference(kind, optimizer, opts)
             results = spawn(_fsdp, world, kind, optimizer, opts, prefetch, None,
                             timeout=TIMEOUT, echo=False)
-            for state, held, groups, at_rest, events, dtypes in results:
+            for state, held, groups, at_rest, events, _dtypes in results:
                 assert state.keys() == want.keys()  # both names of the tied weight
                 for name in want:
                     torch.testing.assert_close(state[name], want[name], **TOL[optimizer],
-                                               msg=lambda m: f"{kind} {name}: {m}")
+                                               msg=lambda m, k=kind, n=name: f"{k} {n}: {m}")
                 assert at_rest == 0  # every gathered buffer freed between steps
                 # Memory at rest: each flat group holds its padded 1/N_d share of every state.
                 want_params = sum(4 * M.shard_numel(n, world) for n, _ in groups)
@@ -121,7 +121,7 @@ def test_traffic_per_step_is_two_gathers_and_one_reduce_scatter_per_unit():
 def test_bf16_compute_with_fp32_master_shards():
     want = _reference("gpt", *ADAM)
     results = spawn(_fsdp, 2, "gpt", *ADAM, True, torch.bfloat16, timeout=TIMEOUT, echo=False)
-    for state, held, groups, at_rest, events, dtypes in results:
+    for state, _held, _groups, at_rest, events, dtypes in results:
         assert set(dtypes) == {torch.float32}  # master shards and optimizer stay fp32
         assert {d for op, _, d, _ in events if op == "all_gather_into_tensor"} == {"bfloat16"}
         assert {d for op, _, d, _ in events if op == "reduce_scatter_tensor"} == {"float32"}

@@ -16,7 +16,7 @@ from toolkit.flops import flops_per_token
 from toolkit.models import GPTConfig
 from toolkit.pipeline import bubble_fraction
 from toolkit.planner import (
-    CLUSTERS, Cluster, Layout, as_shape, cluster, laptop, layouts, plan, predict, stage_params,
+    CLUSTERS, Layout, as_shape, cluster, laptop, layouts, plan, predict, stage_params,
 )
 
 DGX = cluster("dgx-a100-80gb")  # one node, 8 GPUs

@@ -21,7 +21,8 @@ SCRIPT = textwrap.dedent("""
         t = torch.tensor([float(rank)])
         with comm.recording() as trace:
             dist.all_reduce(t)
-        return ctx.rank, ctx.world_size, ctx.backend, t.item(), trace.totals()[rank].collective_bytes
+        sent = trace.totals()[rank].collective_bytes
+        return ctx.rank, ctx.world_size, ctx.backend, t.item(), sent
 
     if __name__ == "__main__":
         import os, sys

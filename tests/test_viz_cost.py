@@ -18,13 +18,15 @@ SIZES = [4096, 65536, 1 << 20]
 
 
 def table(algorithms=("ring", "ps", "torch"), ps=(2, 4), collective="all_reduce") -> pd.DataFrame:
-    """A table shaped like cost.measure's, times from the model (torch: the ring's, ×0.9)."""
+    """A table shaped like experiments.collectives.measure's, times from the model (torch: the
+    ring's, ×0.9)."""
     rows = []
     for p in ps:
         for alg in algorithms:
             for n in SIZES:
                 model = "ring" if alg == cost.TORCH else alg
-                t = float(cost.predict(collective, model, n, p, LINK)) * (0.9 if alg == cost.TORCH else 1)
+                t = float(cost.predict(collective, model, n, p, LINK))
+                t *= 0.9 if alg == cost.TORCH else 1
                 rows.append(dict(collective=collective, algorithm=alg, p=p, nbytes=n, numel=n // 4,
                                  dtype="float32", seconds=t, min_seconds=t, algbw=n / t,
                                  busbw=float(cost.busbw(collective, n, t, p)), backend="gloo"))
@@ -150,7 +152,8 @@ def test_switch_points_and_fastest_follow_the_model():
     (lambda: viz.predicted_times(4, (1e-4, 1e-9)), TypeError, "AlphaBeta"),
     (lambda: viz.predicted_times(4, cost.AlphaBeta(-1.0, 1e-9)), ValueError, ">= 0"),
     (lambda: viz.predicted_times(4, LINK, (1e6, 1e3)), ValueError, "0 < low < high"),
-    (lambda: viz.predicted_times(4, LINK, algorithms=["ring", "butterfly"]), ValueError, "butterfly"),
+    (lambda: viz.predicted_times(4, LINK, algorithms=["ring", "butterfly"]), ValueError,
+     "butterfly"),
     (lambda: viz.predicted_times(4, LINK, algorithms=[]), ValueError, "no algorithms"),
     (lambda: viz.predicted_times(4, LINK, collective="all_to_all"), ValueError, "no cost model"),
     (lambda: viz.predicted_times(4, LINK, (1e3, 1e6), mark=1e9), ValueError, "outside"),
@@ -172,7 +175,8 @@ def test_cost_terms_stack_to_the_prediction_and_latency_takes_over_as_p_grows():
     lat, bw = fig.data
     assert list(lat.x) == ["2", "8", "64", "1024"] and fig.layout.barmode == "stack"
     total = np.array(lat.y) + np.array(bw.y)
-    assert np.allclose(total, [float(cost.predict("all_reduce", "ring", n, p, LINK)) * 1e3 for p in ps])
+    assert np.allclose(total, [float(cost.predict("all_reduce", "ring", n, p, LINK)) * 1e3
+                               for p in ps])
     share = np.array(lat.y) / total
     assert (np.diff(share) > 0).all() and share[-1] > 0.9    # 2(p−1)α grows, 2(p−1)/p·nβ < 2nβ
     assert bw.y[-1] < 2 * n * LINK.beta * 1e3

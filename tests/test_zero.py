@@ -97,7 +97,7 @@ def test_matches_single_process_and_memory_math(world, stage):
             want = _reference(kind, optimizer, **opts)
             results = spawn(_sharded, world, kind, stage, optimizer, opts, timeout=TIMEOUT,
                             echo=False)
-            for params, held, events in results:
+            for params, _held, _events in results:
                 for got, ref in zip(params, want):
                     torch.testing.assert_close(got, ref, **TOLERANCE[optimizer])
             if kind == "gpt-frozen":

@@ -15,8 +15,9 @@ get the rest back, then its backward. With L blocks in segments of k:
 which is smallest at k = √L when an input costs as much as a block's internals: O(√L) instead
 of O(L), for one extra forward per step (Chen et al., section 4). A transformer block keeps far
 more inside (Korthikanti: 34·s·b·h + 5·a·s²·b bytes) than its input (2·s·b·h), so there the best
-k is about √(L·input/internals), often 1: checkpoint every block (`best_every` computes it). Gradients are unchanged: the recomputed forward is the same arithmetic (no dropout
-here; `torch.utils.checkpoint` would replay the RNG state anyway).
+k is about √(L·input/internals), often 1: checkpoint every block (`best_every` computes it).
+Gradients are unchanged: the recomputed forward is the same arithmetic (no dropout here;
+`torch.utils.checkpoint` would replay the RNG state anyway).
 
 This module measures rather than asserts: `saved_bytes` counts the bytes autograd keeps for
 backward (with `torch.autograd.graph.saved_tensors_hooks`, each storage once, parameters left

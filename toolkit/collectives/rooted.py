@@ -3,15 +3,15 @@
 Roots (`src`, `dst`) are *global* ranks, as in `torch.distributed`, also for a subgroup.
 Cost of each (Thakur, Rabenseifner & Gropp 2005), p ranks, n bytes, α per message, β per byte:
 
-==================  ======================  ==========================================
-algorithm           time                    why
-==================  ======================  ==========================================
-linear broadcast    (p−1)(α + nβ)           the root sends the whole tensor p−1 times, one after another
-tree broadcast      ⌈log₂p⌉(α + nβ)         every rank that has the data sends it on: the set doubles each round
-linear reduce       (p−1)(α + nβ)           the root receives p−1 tensors one after another
-tree reduce         ⌈log₂p⌉(α + nβ)         the tree broadcast run backwards, adding on the way
-scatter, gather     (p−1)α + (p−1)/p·nβ     the root sends (receives) one n/p piece per rank
-==================  ======================  ==========================================
+================  ===================  ===========================================================
+algorithm         time                 why
+================  ===================  ===========================================================
+linear broadcast  (p−1)(α + nβ)        the root sends the whole tensor p−1 times, one after another
+tree broadcast    ⌈log₂p⌉(α + nβ)      every rank holding the data sends it on: doubles each round
+linear reduce     (p−1)(α + nβ)        the root receives p−1 tensors one after another
+tree reduce       ⌈log₂p⌉(α + nβ)      the tree broadcast run backwards, adding on the way
+scatter, gather   (p−1)α + (p−1)/p·nβ  the root sends (receives) one n/p piece per rank
+================  ===================  ===========================================================
 
 The "linear" algorithms wait for each message before starting the next: one link at the root,
 used one message at a time, which is what the model above assumes.

@@ -62,7 +62,8 @@ def _design(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
     rows, t = [], []
     for s in samples:
         if not s.seconds > 0:
-            raise ValueError(f"fit_alpha_beta: measured time must be > 0 s, got {s.seconds} for {s}")
+            raise ValueError(f"fit_alpha_beta: measured time must be > 0 s, got {s.seconds} "
+                             f"for {s}")
         a, b = coefficients(s.collective, s.algorithm, s.p)
         rows.append((a, b * s.nbytes))
         t.append(s.seconds)
@@ -73,7 +74,8 @@ def fit_alpha_beta(data: Iterable[Sample]) -> Fit:
     """Least-squares α, β (relative error, both ≥ 0) over measured samples.
 
     `data`: `Sample`s, (collective, algorithm, p, nbytes, seconds) tuples, or the DataFrame that
-    `toolkit.experiments.collectives.measure` returns. Needs at least two samples that tell α from β (two sizes).
+    `toolkit.experiments.collectives.measure` returns. Needs at least two samples that tell α
+    from β (two sizes).
     """
     samples = _samples(data)
     X, t = _design(samples)

@@ -11,10 +11,10 @@ Gropp, IJHPCA 2005; Patarasuk & Yuan, JPDC 2009; table in REFERENCES.md):
 ====================  ==============  ===============  =============================================
 collective/algorithm  a(p)            b(p)             why
 ====================  ==============  ===============  =============================================
-all_reduce/ring       2(p−1)          2(p−1)/p         p−1 reduce-scatter + p−1 all-gather steps of n/p
+all_reduce/ring       2(p−1)          2(p−1)/p         p−1 reduce-scatter + p−1 all-gather steps
 all_reduce/ps         2(p−1)          2(p−1)           root receives p−1 tensors, then sends p−1
-all_reduce/sharded_ps 2(p−1)          2(p−1)/p         each rank serves n/p; p−1 messages in, p−1 out
-all_reduce/tree       2⌈log₂p⌉        2⌈log₂p⌉         tree reduce + tree broadcast, whole tensor per hop
+all_reduce/sharded_ps 2(p−1)          2(p−1)/p         each rank serves n/p: p−1 messages in and out
+all_reduce/tree       2⌈log₂p⌉        2⌈log₂p⌉         tree reduce + tree broadcast, whole tensor
 broadcast/linear      p−1             p−1              the root sends the tensor p−1 times
 broadcast/tree        ⌈log₂p⌉         ⌈log₂p⌉          holders double each round
 reduce/linear         p−1             p−1              mirror of the linear broadcast
@@ -96,7 +96,8 @@ class AlphaBeta:
         return math.inf if self.beta == 0 else 1.0 / self.beta
 
     def __str__(self) -> str:
-        return f"α = {self.alpha * 1e6:.1f} µs, β = {self.beta * 1e9:.3f} ns/B ({self.bandwidth / 1e9:.2f} GB/s)"
+        return (f"α = {self.alpha * 1e6:.1f} µs, β = {self.beta * 1e9:.3f} ns/B "
+                f"({self.bandwidth / 1e9:.2f} GB/s)")
 
 
 def _check(collective: str, algorithm: str, p: int) -> Callable[[int], tuple[float, float]]:

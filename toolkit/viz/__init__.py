@@ -31,8 +31,9 @@ from .ring import ring_animation, ring_table
 from .tensor_parallel import matmul_split, tp_time_view, traffic_bars
 from .timeline import timeline, traffic_matrix
 
-__all__ = ["bus_bandwidth", "computation_graph", "cost_curves", "cost_terms", "gantt", "gantt_compare", "matmul_split", "measured_vs_predicted",
-           "memory_bars", "memory_time", "mesh_grid", "overlap_timeline", "predicted_measured", "predicted_times",
-           "scaling_figure", "stage_bars", "time_bars", "training_curves",
-           "ring_animation", "ring_table", "timeline", "tp_time_view", "traffic_and_rounds",
-           "traffic_bars", "traffic_matrix"]
+__all__ = ["bus_bandwidth", "computation_graph", "cost_curves", "cost_terms", "gantt",
+           "gantt_compare", "matmul_split", "measured_vs_predicted", "memory_bars", "memory_time",
+           "mesh_grid", "overlap_timeline", "predicted_measured", "predicted_times",
+           "ring_animation", "ring_table", "scaling_figure", "stage_bars", "time_bars",
+           "timeline", "tp_time_view", "traffic_and_rounds", "traffic_bars", "traffic_matrix",
+           "training_curves"]

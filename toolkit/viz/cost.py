@@ -48,7 +48,8 @@ def _table(table: Any, name: str, collective: str | None, need: Iterable[str]):
     if collective is not None:
         table = table[table.collective == collective]
     if table.empty:
-        raise ValueError(f"{name}: no rows to draw" + (f" for {collective!r}" if collective else ""))
+        where = f" for {collective!r}" if collective else ""
+        raise ValueError(f"{name}: no rows to draw{where}")
     kinds = sorted(set(table.collective))
     if len(kinds) > 1:
         raise ValueError(f"{name}: the table mixes collectives {kinds}; pass collective=... "
@@ -128,8 +129,9 @@ def cost_curves(table: Any, fits: Any = None, *, collective: str | None = None,
     algorithms = list(dict.fromkeys(df.algorithm))
     _check_fits(fits, set(algorithms), collective, "cost_curves")
     ps = sorted(int(p) for p in set(df.p))
-    fig = _panels(ps, df.nbytes, y_title="time per call (ms)", y_log=True, title=title or (
-        f"{collective}: measured time per call" + ("; dotted: α-β model" if fits is not None else "")))
+    model = "; dotted: α-β model" if fits is not None else ""
+    fig = _panels(ps, df.nbytes, y_title="time per call (ms)", y_log=True,
+                  title=title or f"{collective}: measured time per call{model}")
     extra: dict[str, str] = {}
     modelled = set(cost.COEFFICIENTS[collective])
     for col, p in enumerate(ps, start=1):
@@ -190,7 +192,8 @@ def bus_bandwidth(table: Any, *, collective: str | None = None, peak: float | No
                 x=rows.nbytes, y=rows.busbw / 1e9, mode="lines+markers", name=alg,
                 legendgroup=alg, showlegend=col == 1, line=dict(color=_color(alg, extra)),
                 customdata=[human_bytes(n) for n in rows.nbytes],
-                hovertemplate=f"<b>{alg}</b>, p={p}<br>%{{customdata}}: %{{y:.2f}} GB/s<extra></extra>"),
+                hovertemplate=(f"<b>{alg}</b>, p={p}<br>%{{customdata}}: %{{y:.2f}} GB/s"
+                               "<extra></extra>")),
                 row=1, col=col)
         if peak is not None:
             label = dict(annotation_text=f"{peak / 1e9:.3g} GB/s",
@@ -287,14 +290,16 @@ def cost_terms(link: AlphaBeta, nbytes: float, ps: Sequence[int], *,
     share = [f"{la / (la + b):.0%}" if la + b > 0 else "—" for la, b in zip(lat, bw)]
     fig = go.Figure([
         go.Bar(x=labels, y=lat, name="latency a(p)·α", marker_color="#9467bd", customdata=share,
-               hovertemplate="p=%{x}: %{y:.4g} ms (%{customdata} of the total)<extra>latency</extra>"),
+               hovertemplate=("p=%{x}: %{y:.4g} ms (%{customdata} of the total)"
+                              "<extra>latency</extra>")),
         go.Bar(x=labels, y=bw, name="bandwidth b(p)·n·β", marker_color="#17becf",
                hovertemplate="p=%{x}: %{y:.4g} ms<extra>bandwidth</extra>"),
     ])
     fig.update_layout(
         barmode="stack", barnorm="percent" if share else None, height=400,
         legend_title_text="term",
-        title=title or f"{algorithm} {collective} of {human_bytes(nbytes)}: where the time goes ({link})",
+        title=title or (f"{algorithm} {collective} of {human_bytes(nbytes)}: where the time goes "
+                        f"({link})"),
         xaxis=dict(title="world size p", type="category"),
         yaxis=dict(title="share of the predicted time (%)" if share
                    else "predicted time per call (ms)"),
@@ -325,11 +330,13 @@ def traffic_and_rounds(ps: Sequence[int], algorithms: Sequence[str] | None = Non
         rounds = [cost.coefficients(collective, alg, p)[0] for p in ps]
         fig.add_trace(go.Scatter(x=ps, y=sent, mode="lines", name=alg, legendgroup=alg,
                                  line=dict(color=color),
-                                 hovertemplate=f"<b>{alg}</b> p=%{{x}}: %{{y:.4g}}·n<extra>model</extra>"),
+                                 hovertemplate=(f"<b>{alg}</b> p=%{{x}}: %{{y:.4g}}·n"
+                                                "<extra>model</extra>")),
                       row=1, col=1)
         fig.add_trace(go.Scatter(x=ps, y=rounds, mode="lines", name=alg, legendgroup=alg,
                                  showlegend=False, line=dict(color=color),
-                                 hovertemplate=f"<b>{alg}</b> p=%{{x}}: %{{y}} rounds<extra></extra>"),
+                                 hovertemplate=(f"<b>{alg}</b> p=%{{x}}: %{{y}} rounds"
+                                                "<extra></extra>")),
                       row=1, col=2)
     if recorded is not None:
         need = {"algorithm", "p", "nbytes", "bytes_sent"}

@@ -68,7 +68,8 @@ def overlap_timeline(trace: Iterable[Event], compute: Mapping[int, Sequence[tupl
             orientation="h", base=[(e.start - t0) * ms for e in mine],
             x=[(end - e.start) * ms for e, end in zip(mine, ends)],
             y=[f"rank {rank} all-reduce"] * len(mine),
-            marker=dict(color=_ALL_REDUCE, opacity=[0.55 + 0.45 * (i % 2) for i in range(len(mine))],
+            marker=dict(color=_ALL_REDUCE,
+                        opacity=[0.55 + 0.45 * (i % 2) for i in range(len(mine))],
                         line=dict(color="white", width=1)),
             name="all-reduce (one per bucket)", legendgroup="comm", showlegend=rank == ranks[0],
             text=[f"b{i}" for i in range(len(mine))], textposition="inside",
@@ -106,7 +107,8 @@ def dp_step_time(p: int, *, batch: int, seconds_per_item: float, grad_bytes: flo
 
 
 def scaling_table(ps: Sequence[int], **kwargs) -> list[dict[str, float]]:
-    """`dp_step_time` for each p (those ≤ batch), with speedup T(1)/T(p) and efficiency speedup/p."""
+    """`dp_step_time` for each p (those ≤ batch), with speedup T(1)/T(p) and efficiency
+    speedup/p."""
     one = dp_step_time(1, **kwargs)["total"]
     rows = []
     for p in ps:
