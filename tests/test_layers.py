@@ -43,11 +43,11 @@ MAY_IMPORT = {
     "widgets": {"base", "models", "algorithms", "viz", "widgets"},
 }
 WHY = {
-    "base": "base modules (chunks, arguments, the tiny models) import nothing from the toolkit",
+    "base": "base modules (chunks, arguments, the tiny models) import only each other",
     "comm": "the recorder imports nothing from the toolkit (the grader's sandbox lets ranks read "
-            "only toolkit.launch and toolkit.comm)",
-    "launch": "the launcher imports only the recorder (the grader's sandbox lets ranks read only "
-              "toolkit.launch and toolkit.comm)",
+            "toolkit.launch, toolkit.comm and toolkit/arguments.py only)",
+    "launch": "the launcher imports only the recorder (the grader's sandbox lets ranks read "
+              "toolkit.launch, toolkit.comm and toolkit/arguments.py only)",
     "models": "the models (cost, memory, flops, planner) are pure numbers: they start no process "
               "and import no algorithm, launcher or recorder",
     "algorithms": "algorithms run inside ranks; what runs them and compares with a model is "

@@ -11,8 +11,8 @@ was expected and what arrived, written once.
 An int here is an integral number that is not a bool: Python counts True as 1, and a flag passed
 where a count belongs is a mistake worth an error, not a one. Numbers (`check_positive`) are ints
 or floats, bools again excluded. This module imports nothing from the toolkit, so any layer may
-use it (the launcher and recorder keep their own few checks: the grader's sandbox lets ranks
-read only `toolkit.launch` and `toolkit.comm`).
+use it, and the grader's sandbox lets ranks read it (`toolkit.models` imports it). The launcher
+keeps its own few checks: they raise TypeError for a wrong type, which its callers rely on.
 """
 
 from __future__ import annotations
