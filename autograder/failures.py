@@ -52,7 +52,7 @@ _COMM_OPS = (r"i?send|i?recv|i?send\.wait|i?recv\.wait|wait|barrier|all_reduce|b
 
 
 def _last_line(text: str) -> str:
-    lines = [l for l in (text or "").strip().splitlines() if l.strip()]
+    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else ""
 
 
@@ -118,7 +118,8 @@ def classify(record: dict, module: str, log: str = "") -> tuple[str, str]:
     if exc == "SyntaxError" or exc == "IndentationError":
         return "syntax_error", f"{text}{at}."
     if exc == "NotImplementedError":
-        return "not_implemented", f"Not written yet: {where or 'a function'} still raises NotImplementedError."
+        return "not_implemented", (f"Not written yet: {where or 'a function'} still raises "
+                                   "NotImplementedError.")
     if "may not be used in this lab" in message:
         return "forbidden_import", f"{message}."
     if exc in ("ImportError", "ModuleNotFoundError") and "load_module" in tb and not where:
@@ -187,8 +188,8 @@ def _classify_timeout(record: dict, module: str = "") -> tuple[str, str]:
     also = (f" The other ranks were waiting for {'it' if len(busy) == 1 else 'them'}: {waiting}."
             if in_comm else "")
     return "timeout", (f"Still running after {limit:g} s outside any communication call: an "
-                       f"infinite loop or a sleep? Where {'it was' if len(busy) == 1 else 'they were'}: "
-                       f"{lines}.{also}")
+                       f"infinite loop or a sleep? Where "
+                       f"{'it was' if len(busy) == 1 else 'they were'}: {lines}.{also}")
 
 
 __all__ = ["KINDS", "classify"]

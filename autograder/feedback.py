@@ -54,7 +54,8 @@ def _mostly_different(got, want: torch.Tensor) -> bool:
     return float(same.double().mean()) < 0.5
 
 
-def chunk_permutation(got: torch.Tensor, want: torch.Tensor, bounds: Sequence[tuple[int, int]]) -> bool:
+def chunk_permutation(got: torch.Tensor, want: torch.Tensor,
+                      bounds: Sequence[tuple[int, int]]) -> bool:
     """Whether `got` holds `want`'s chunks in another order (chunk-aligned, equal sizes)."""
     if not isinstance(got, torch.Tensor) or got.shape != want.shape or len(bounds) < 2:
         return False

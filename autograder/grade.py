@@ -74,7 +74,8 @@ def _files(lab: Lab, submission: Path) -> tuple[dict[str, bytes], list[str]]:
     wanted, found = list(lab.info.student_files), {}
     if submission.is_file():
         if submission.name in wanted or len(wanted) == 1:
-            found[submission.name if submission.name in wanted else wanted[0]] = submission.read_bytes()
+            name = submission.name if submission.name in wanted else wanted[0]
+            found[name] = submission.read_bytes()
     elif submission.is_dir():
         for name in wanted:
             hits = [submission / name] + sorted(submission.rglob(name))

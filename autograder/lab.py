@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -127,8 +127,9 @@ def find_lab(name_or_path: str | Path, labs_root: Path | None = None) -> Path:
     if (path / "checks.py").is_file():
         return path.resolve()
     root = labs_root or Path(__file__).resolve().parent.parent / "labs"
-    matches = sorted(p for p in root.glob("*/checks.py") if p.parent.name in
-                     (str(name_or_path), f"{name_or_path}") or p.parent.name.endswith(f"_{name_or_path}"))
+    matches = sorted(p for p in root.glob("*/checks.py")
+                     if p.parent.name in (str(name_or_path), f"{name_or_path}")
+                     or p.parent.name.endswith(f"_{name_or_path}"))
     if len(matches) == 1:
         return matches[0].parent
     known = ", ".join(sorted(p.parent.name for p in root.glob("*/checks.py"))) or "none"

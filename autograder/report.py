@@ -68,7 +68,8 @@ def validate_results(data: dict) -> list[str]:
             problems.append(f"tests[{i}].status is {test.get('status')!r}")
         if test.get("visibility") not in VISIBILITIES:
             problems.append(f"tests[{i}].visibility is {test.get('visibility')!r}")
-        if isinstance(test.get("score"), (int, float)) and isinstance(test.get("max_score"), (int, float)):
+        if (isinstance(test.get("score"), (int, float))
+                and isinstance(test.get("max_score"), (int, float))):
             if not 0 <= test["score"] <= test["max_score"]:
                 problems.append(f"tests[{i}].score {test['score']} outside 0..{test['max_score']}")
     if isinstance(data.get("score"), (int, float)) and data.get("tests"):

@@ -6,11 +6,11 @@
     python benchmarks/collectives.py --sizes 16M,64M --slices 64K,256K,1M,4M,16M  # slice sweep
     python benchmarks/collectives.py --backend nccl --out results/h100    # on a GPU node
 
-Method (`toolkit.cost.measure`): one launch per world size; warm-up; the algorithms of a
-collective alternate trial by trial (rotated order every round) on shared buffers; a trial is
-k back-to-back calls after a barrier, its time the slowest rank's; at least --repeats rounds,
-more (up to --max-repeats) until each median ratio to torch's built-in is known to
-±--tolerance at 95 % confidence. On a shared machine run it as root with `nice -n -20`.
+Method (`toolkit.experiments.collectives.measure`): one launch per world size; warm-up; the
+algorithms of a collective alternate trial by trial (rotated order every round) on shared
+buffers; a trial is k back-to-back calls after a barrier, its time the slowest rank's; at least
+--repeats rounds, more (up to --max-repeats) until each median ratio to torch's built-in is
+known to ±--tolerance at 95 % confidence. On a shared machine run it as root with `nice -n -20`.
 
 Prints, per collective and world size: the median time per call with its interquartile range
 and the bus bandwidth of each algorithm; the toolkit/built-in ratio (median of the paired
@@ -38,6 +38,7 @@ from toolkit.cost.piecewise import as_model, errors_at, fit_piecewise  # noqa: E
 from toolkit.cost.models import algorithms, split_label  # noqa: E402
 from toolkit.cost.results import machine_meta, save_results  # noqa: E402
 from toolkit.cost.spread import Spread, agree  # noqa: E402
+from toolkit.experiments.collectives import measure  # noqa: E402
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # Coefficients a(p), b(p) used to fit torch's built-in: gloo's all-reduce is a segmented ring
@@ -283,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     start, runs = time.perf_counter(), []
     for i in range(args.runs):
         try:
-            df = cost.measure(cases, sizes=args.sizes, world_sizes=world_sizes,
-                              repeats=args.repeats, max_repeats=max(args.repeats, args.max_repeats),
+            df = measure(cases, sizes=args.sizes, world_sizes=world_sizes,
+                         repeats=args.repeats, max_repeats=max(args.repeats, args.max_repeats),
                               tolerance=args.tolerance, min_time=args.min_time,
                               backend=args.backend, progress=True)
         except ValueError as exc:

@@ -1,7 +1,7 @@
 """Bytes of model states each rank holds, measured, beside what `toolkit.memory` predicts.
 
 For every method (replicated data parallel, ZeRO-1, ZeRO-2, our FSDP, torch's FSDP2
-`fully_shard`) and world size, train a TinyGPT (`toolkit.memory.runs.DEFAULT_CONFIG`) for a
+`fully_shard`) and world size, train a TinyGPT (`toolkit.experiments.memory.DEFAULT_CONFIG`) for a
 few steps of fp32 Adam on real gloo ranks, count the bytes of parameters, gradients and
 optimizer state every rank holds afterwards, and print them beside
 
@@ -23,7 +23,7 @@ import argparse
 
 import pandas as pd
 
-from toolkit.memory.runs import METHODS, predicted_rows, run_methods
+from toolkit.experiments.memory import METHODS, predicted_rows, run_methods
 
 
 def table(world_sizes: list[int], steps: int) -> pd.DataFrame:

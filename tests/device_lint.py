@@ -36,7 +36,7 @@ HOST_ONLY = frozenset({
     "toolkit/cost/results.py", "toolkit/memory/states.py", "toolkit/memory/activations.py",
     "toolkit/memory/shapes.py", "toolkit/memory/budget.py", "toolkit/planner/cluster.py",
     "toolkit/planner/layout.py", "toolkit/planner/plan.py", "toolkit/pipeline/schedules.py",
-    "toolkit/pipeline/bubble.py", "toolkit/pipeline/simulate.py", "toolkit/pipeline/validate.py",
+    "toolkit/cost/bubble.py", "toolkit/pipeline/simulate.py", "toolkit/pipeline/validate.py",
     "toolkit/data_parallel/fsdp_schedule.py", "toolkit/launch/launcher.py",
     "toolkit/launch/diagnose.py", "toolkit/launch/output.py", "toolkit/launch/rankproc.py",
 })

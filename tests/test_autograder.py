@@ -5,7 +5,6 @@ sandbox confines files, and the CLI's commands work. (Bad submissions: test_auto
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import zipfile
@@ -19,7 +18,7 @@ from autograder.feedback import compare_outputs
 from autograder.grade import grade
 from autograder.lab import find_lab, load_lab
 from autograder.release import MarkerError, release_lab, solution_lines, strip_solutions
-from autograder.report import to_results_json, validate_results, write_results
+from autograder.report import validate_results, write_results
 from autograder.sandbox import landlock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +140,8 @@ from autograder.sandbox.limits import sandbox_paths
 from pathlib import Path
 read, write, listing = sandbox_paths(Path({str(inside)!r}))
 landlock.restrict(read, write, listing)
-for action in (lambda: open({str(secret)!r}).read(), lambda: open({str(tmp_path / 'forged.json')!r}, 'w'),
+for action in (lambda: open({str(secret)!r}).read(),
+               lambda: open({str(tmp_path / 'forged.json')!r}, 'w'),
                lambda: open({str(LAB_DIR / 'collectives.py')!r}).read()):
     try:
         action(); print("allowed")
@@ -216,11 +216,13 @@ def test_playground_runs_the_reference(name):
 
     lab_dir = ROOT / "labs" / name
     nb = nbformat.read(lab_dir / "playground.ipynb", as_version=4)
-    nbclient.NotebookClient(nb, timeout=120, resources={"metadata": {"path": str(lab_dir)}}).execute()
+    nbclient.NotebookClient(nb, timeout=120,
+                            resources={"metadata": {"path": str(lab_dir)}}).execute()
     text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     for sign in ("WRONG", "not written yet", "cannot draw", "Error"):
         assert sign not in text, f"{name}'s playground printed {sign!r} on the reference"
-    assert any(o.get("output_type") == "display_data" for c in nb.cells for o in c.get("outputs", []))
+    assert any(o.get("output_type") == "display_data"
+               for c in nb.cells for o in c.get("outputs", []))
 
 
 _TINY_HARNESS = '''
@@ -271,4 +273,5 @@ def test_a_lab_may_allow_collectives_and_toolkit_modules(tmp_path):
     assert grade(lab, good).score == 1
     result = grade(lab, bad)
     assert result.score == 0 and result.checks[0].kind == "builtin_collective"
-    assert "broadcast" in result.checks[0].message and "allows all_reduce" in result.checks[0].message
+    message = result.checks[0].message
+    assert "broadcast" in message and "allows all_reduce" in message

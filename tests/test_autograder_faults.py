@@ -1,10 +1,11 @@
 """The fault corpus: bad submissions of lab 01 that the grader must survive. Each file in
 tests/faults/01_collectives/ holds only what its fault changes (a function redefined, a module
 statement added); `submission` appends it to the reference solution, so the later definitions
-win and the rest of the file is the working lab. For each: a valid results.json, zero on the checks the fault
-touches (the others still pass), the failure kind a student or instructor filters on, a message
-that says where, and no process left anywhere (the autouse fixture checks this process's
-children; `_survivors` checks the whole machine for anything started in the grade's folder).
+win and the rest of the file is the working lab. For each: a valid results.json, zero on the
+checks the fault touches (the others still pass), the failure kind a student or instructor
+filters on, a message that says where, and no process left anywhere (the autouse fixture checks
+this process's children; `_survivors` checks the whole machine for anything started in the
+grade's folder).
 
 Grades run on a small lab (a few visible checks, 1-2 cases each) to keep each test at a few
 seconds: what is under test is the grader, not the lab's coverage. Checks that are meant to hang
@@ -166,8 +167,8 @@ CASES = {
     "mismatched_sizes": (["ar"], {"ar": "mismatch"},
                          [r"20 bytes arrived for a 16-byte buffer", r"gloo aborted"], set()),
     "infinite_loop": (["ar"], {"ar": "timeout"},
-                      [r"rank 0 at collectives\.py line LINE", r"rank 1 in i(send|recv)\.wait"],
-                      {"ar"}),
+                      [r"rank 0 at collectives\.py line LINE",
+                       r"rank 1 in i(send|recv)\.wait"], {"ar"}),
     "sleep_forever": (["ar"], {"ar": "timeout"}, [r"rank 0 at collectives\.py line LINE"], {"ar"}),
     "memory_bomb": (["ar", "tree"], {"ar": "memory_limit"}, [r"can't allocate memory"], set()),
     "builtin_all_reduce": (["ar", "tree"], {"ar": "builtin_collective"}, [r"all_reduce"], set()),
@@ -280,7 +281,8 @@ def _pids_capped() -> bool:
     return os.geteuid() != 0 or sandbox_uid() is not None
 
 
-@pytest.mark.skipif(not _pids_capped(), reason="no pids cgroup and root: nothing bounds a fork bomb")
+@pytest.mark.skipif(not _pids_capped(),
+                    reason="no pids cgroup and root: nothing bounds a fork bomb")
 def test_fork_bomb_is_stopped_and_nothing_survives(lab01, tmp_path):
     result, by_name, _ = run_fault(lab01, "fork_bomb", ["ar"], tmp_path)
     assert_failed(by_name["ar"], "process_limit", r"processes")
@@ -292,7 +294,8 @@ def test_signals_cannot_leave_the_sandbox(lab01, tmp_path):
     """Where the grade cannot get a uid of its own (root, an interpreter strangers may not run),
     the ranks run as root: only Landlock's signal scope keeps kill() inside the sandbox."""
     if landlock_abi() < 6:
-        pytest.skip("no Landlock signal scope (ABI < 6): the sandbox can signal its user's processes")
+        pytest.skip("no Landlock signal scope (ABI < 6): the sandbox can signal its user's "
+                    "processes")
     out = subprocess.run(["sh", "-c", "sleep 314.159 >/dev/null 2>&1 & echo $!"],
                          capture_output=True, text=True, check=True).stdout
     sentinel = psutil.Process(int(out))
@@ -372,4 +375,5 @@ def test_four_grades_at_once_do_not_interfere(tmp_path):
                 p.wait()
     for path, (stdout, stderr) in out.items():
         assert procs[path].returncode == 0, stderr[-2000:]
-        assert json.loads(stdout.strip().splitlines()[-1]) == expected[path], (path.name, stderr[-500:])
+        assert json.loads(stdout.strip().splitlines()[-1]) == expected[path], (
+            path.name, stderr[-500:])

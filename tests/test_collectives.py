@@ -82,8 +82,8 @@ def _compare_all(rank: int, world_size: int, group_ranks: list[int] | None) -> l
     # Matches torch's own tensor reduce-scatter / all-gather where p divides n.
     x = torch.arange(4.0 * p) * (rank + 1)
     ref = torch.empty(4)
-    rs_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    rs_tensor(ref, x, group=group)
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    reduce_scatter(ref, x, group=group)
     if not _close(C.ring_reduce_scatter(torch.empty(4), x, group), ref):
         bad.append("reduce_scatter vs reduce_scatter_tensor")
     ref = torch.empty(4 * p)

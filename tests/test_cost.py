@@ -9,6 +9,7 @@ import pytest
 
 from toolkit import comm, cost
 from toolkit import collectives as C
+from toolkit.experiments.collectives import measure
 from toolkit.launch import spawn
 
 LINK = cost.AlphaBeta(alpha=50e-6, beta=1e-9)  # 50 µs, 1 GB/s
@@ -73,8 +74,9 @@ def test_fit_recovers_alpha_and_beta_from_exact_samples():
 def test_fit_minimises_relative_error_and_keeps_parameters_non_negative():
     rng = np.random.default_rng(0)
     sizes = np.geomspace(4e3, 6.4e7, 12)
-    noisy = [cost.Sample("all_reduce", "ring", 4, n, rng.uniform(0.9, 1.1)
-                         * float(cost.predict("all_reduce", "ring", n, 4, LINK)))
+    noisy = [cost.Sample("all_reduce", "ring", 4, n,
+                         float(cost.predict("all_reduce", "ring", n, 4, LINK))
+                         * rng.uniform(0.9, 1.1))
              for n in sizes]
     fit = cost.fit_alpha_beta(noisy)
     assert fit.max_abs_error < 0.2 and fit.link.alpha > 0 and fit.link.beta > 0
@@ -93,16 +95,16 @@ def test_fit_minimises_relative_error_and_keeps_parameters_non_negative():
     (lambda: cost.fit_alpha_beta([cost.Sample("all_reduce", "ring", 2, 1e3, 1e-3)]), "two or more"),
     (lambda: cost.fit_alpha_beta([cost.Sample("all_reduce", "ring", 2, 1e3, 0.0)] * 2), "> 0 s"),
     (lambda: cost.busbw("median", 1, 1, 2), "bus-bandwidth factor"),
-    (lambda: cost.measure([("all_reduce", "butterfly")], sizes=[8], world_sizes=[2]), "butterfly"),
-    (lambda: cost.measure([("all_reduce", "ring")], sizes=[8], world_sizes=[1]), ">= 2"),
-    (lambda: cost.measure([("all_reduce", "ring")], sizes=[0], world_sizes=[2]), "positive"),
-    (lambda: cost.measure([("all_reduce", "ring")], sizes=[8], world_sizes=[2], repeats=5,
-                          max_repeats=3), "max_repeats >= repeats"),
-    (lambda: cost.measure([("all_reduce", "sliced_ring:window")], sizes=[8], world_sizes=[2]),
+    (lambda: measure([("all_reduce", "butterfly")], sizes=[8], world_sizes=[2]), "butterfly"),
+    (lambda: measure([("all_reduce", "ring")], sizes=[8], world_sizes=[1]), ">= 2"),
+    (lambda: measure([("all_reduce", "ring")], sizes=[0], world_sizes=[2]), "positive"),
+    (lambda: measure([("all_reduce", "ring")], sizes=[8], world_sizes=[2], repeats=5,
+                     max_repeats=3), "max_repeats >= repeats"),
+    (lambda: measure([("all_reduce", "sliced_ring:window")], sizes=[8], world_sizes=[2]),
      "key=integer"),
-    (lambda: cost.measure([("all_reduce", "torch:slice_bytes=4")], sizes=[8], world_sizes=[2]),
+    (lambda: measure([("all_reduce", "torch:slice_bytes=4")], sizes=[8], world_sizes=[2]),
      "no options"),
-    (lambda: cost.measure([("all_reduce", "ring")] * 2, sizes=[8], world_sizes=[2]), "twice"),
+    (lambda: measure([("all_reduce", "ring")] * 2, sizes=[8], world_sizes=[2]), "twice"),
 ])
 def test_bad_input_says_what_was_expected(call, words):
     with pytest.raises(ValueError, match=words):
@@ -126,7 +128,8 @@ def test_models_match_the_traffic_the_collectives_record():
         with comm.recording() as trace:
             spawn(work, p, collective, algorithm, timeout=30)
         busiest = max(t.bytes_sent for t in trace.totals().values())
-        assert busiest == cost.bytes_sent_per_rank(collective, algorithm, X, p), algorithm
+        assert busiest == cost.bytes_sent_per_rank(collective, algorithm, X, p), (
+            collective + algorithm)
 
 
 def torch_ones(n):
@@ -136,7 +139,7 @@ def torch_ones(n):
 
 @pytest.mark.multirank
 def test_measure_returns_a_table_with_bandwidths():
-    df = cost.measure([("all_reduce", "ring"), ("all_reduce", "torch"), ("all_gather", "ring"),
+    df = measure([("all_reduce", "ring"), ("all_reduce", "torch"), ("all_gather", "ring"),
                        ("broadcast", "tree"), ("scatter", "linear"), ("reduce_scatter", "torch")],
                       sizes=[4096, 65536], world_sizes=[2, 3], repeats=2, min_time=0.001)
     assert len(df) == 6 * 2 * 2
@@ -159,8 +162,8 @@ def test_measure_alternates_the_algorithms_and_pairs_their_trials():
     cases = [("all_reduce", "sliced_ring:slice_bytes=4096"), ("all_reduce", "torch"),
              ("all_reduce", "ring")]
     with comm.recording() as trace:
-        df = cost.measure(cases, sizes=[65536], world_sizes=[2], repeats=4, max_repeats=4,
-                          warmup=1, min_time=0.0)
+        df = measure(cases, sizes=[65536], world_sizes=[2], repeats=4, max_repeats=4,
+                     warmup=1, min_time=0.0)
     assert list(df.algorithm) == [c[1] for c in cases] and (df.trials == 4).all()
     assert (df.calls == 1).all()  # min_time 0: one call per trial
     trials = df.attrs["trials"]

@@ -19,7 +19,7 @@ from torch import nn
 from toolkit.collectives import chunk_sizes
 from toolkit.collectives._common import flat_view
 from toolkit.context_parallel import full_attention, ring_attention, ulysses_attention
-from toolkit.cost.measure import _buffers, _elements, _runner
+from toolkit.experiments.collectives import _buffers, _elements, _runner
 from toolkit.data_parallel.accumulation import accumulate_gradients, split_batch
 from toolkit.data_parallel.buckets import Bucket, assign_buckets
 from toolkit.data_parallel.fsdp import FlatGroup

@@ -48,7 +48,8 @@ def test_exception_names_the_rank_and_stops_the_others_at_once():
     assert err.rank == 2 and err.world_size == 4
     assert err.kind == "exception" and err.exc_type == "ValueError"
     assert isinstance(err.exception, ValueError) and str(err.exception) == "boom on rank two"
-    assert "raise_on_two" in err.traceback and 'raise ValueError("boom on rank two")' in err.traceback
+    assert "raise_on_two" in err.traceback
+    assert 'raise ValueError("boom on rank two")' in err.traceback
     assert "rank 2 of 4 raised ValueError: boom on rank two" in str(err)
     # Waiting out the peers would take the whole timeout; stopping them takes a moment.
     assert elapsed < 60, f"peers were not stopped at once ({elapsed:.1f} s; timeout was 120 s)"
@@ -114,7 +115,8 @@ def hard_exit(rank, world_size):
 def test_os_exit_is_the_reported_cause_not_the_peers_broken_connections():
     with pytest.raises(RankError) as info:
         spawn(hard_exit, 3, timeout=60)
-    assert info.value.rank == 1 and info.value.kind == "exit" and info.value.exit_code == 3, info.value.output
+    assert info.value.rank == 1 and info.value.kind == "exit" and info.value.exit_code == 3, (
+        info.value.output)
 
 
 def segfault(rank, world_size):

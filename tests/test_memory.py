@@ -236,7 +236,7 @@ def test_memory_calculator_view_and_explorer():
 
 
 def test_dim0_shards_as_torch_chunk():
-    from toolkit.memory.runs import dim0_shard_numel
+    from toolkit.experiments.memory import dim0_shard_numel
 
     shapes = [(5, 3), (2,), (4, 2, 2)]
     # torch.chunk along dim 0 on 4 ranks: rows 2,2,1,0 / 1,1,0,0 / 1,1,1,1

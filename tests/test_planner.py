@@ -208,7 +208,7 @@ def test_gpt3_on_1024_a100s_pure_dp_does_not_fit_megatron_does():
 
 
 def test_measured_dp_and_tp_runs_train_the_same_model():
-    from toolkit.planner.measure import run_layout
+    from toolkit.experiments.planner import run_layout
     cfg = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_head=4, n_layer=2)
     dp = run_layout(cfg, Layout(dp=2), global_batch=4, steps=2, timeout=60)
     tp = run_layout(cfg, Layout(tp=2, micro_batches=2), global_batch=4, steps=2, timeout=60)

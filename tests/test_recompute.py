@@ -10,9 +10,10 @@ from torch import nn
 
 from toolkit.flops import count_flops
 from toolkit.models import GPTConfig, TinyGPT, TinyMLP, make_regression_data, make_token_data
+from toolkit.experiments.recompute import sweep
 from toolkit.recompute import (
     CheckpointedGPT, CheckpointedMLP, best_every, checkpointed, chen_memory, measure, saved_bytes,
-    segment_sizes, sweep,
+    segment_sizes,
 )
 
 CFG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_head=4, n_layer=6)

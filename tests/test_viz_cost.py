@@ -18,7 +18,8 @@ SIZES = [4096, 65536, 1 << 20]
 
 
 def table(algorithms=("ring", "ps", "torch"), ps=(2, 4), collective="all_reduce") -> pd.DataFrame:
-    """A table shaped like cost.measure's, times from the model (torch: the ring's, ×0.9)."""
+    """A table shaped like experiments.collectives.measure's, times from the model (torch: the
+    ring's, ×0.9)."""
     rows = []
     for p in ps:
         for alg in algorithms:

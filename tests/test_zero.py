@@ -102,7 +102,7 @@ def test_matches_single_process_and_memory_math(world, stage, reduce, volume):
             want = _reference(kind, optimizer, **opts)
             results = spawn(_sharded, world, kind, stage, optimizer, opts, reduce,
                             timeout=TIMEOUT, echo=False)
-            for params, _, _ in results:
+            for params, _held, _events in results:
                 for got, ref in zip(params, want):
                     torch.testing.assert_close(got, ref, **TOLERANCE[optimizer])
             if kind == "gpt-frozen":

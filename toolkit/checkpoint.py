@@ -47,6 +47,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .arguments import check_int
+
 __all__ = ["CheckpointInfo", "atomic_save", "get_rng_state", "load_checkpoint",
            "save_checkpoint", "set_rng_state"]
 
@@ -163,8 +165,7 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module,
     are gathered); rank 0 alone writes, with `atomic_save`; all return after the file is in
     place. Without a process group it simply writes.
     """
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"save_checkpoint: step must be an int >= 0, got {step!r}")
+    check_int("save_checkpoint", "step", step, low=0)
     rank, world = _dist()
     rng: list[dict] = [get_rng_state()]
     if world > 1:

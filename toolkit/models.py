@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .arguments import check_int, check_ints
+
 __all__ = [
     "GPTConfig", "TinyGPT", "TinyMLP", "count_parameters", "gpt_param_count",
     "make_regression_data", "make_token_data",
@@ -47,12 +49,6 @@ def _moved(t: Tensor, device: DeviceLike) -> Tensor:
     return t if device is None else t.to(device)
 
 
-def _check_positive(owner: str, **values: int) -> None:
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
-
-
 class TinyMLP(nn.Module):
     """``depth`` hidden Linear+ReLU layers of width ``d_hidden``, then a Linear to ``d_out``;
     built on ``device`` (the same values on every device, see the module docstring)."""
@@ -62,9 +58,8 @@ class TinyMLP(nn.Module):
         *, device: DeviceLike = None,
     ) -> None:
         super().__init__()
-        _check_positive("TinyMLP", d_in=d_in, d_hidden=d_hidden, d_out=d_out)
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-            raise ValueError(f"TinyMLP: depth must be an int >= 0, got {depth!r}")
+        check_ints("TinyMLP", d_in=d_in, d_hidden=d_hidden, d_out=d_out)
+        check_int("TinyMLP", "depth", depth, low=0)
         widths = [d_in] + [d_hidden] * depth + [d_out]
         mods: list[nn.Module] = []
         # Built on the meta device, so PyTorch's default init (which draws from the global RNG)
@@ -115,12 +110,12 @@ class GPTConfig:
     """Seed of the local generator that initialises the parameters."""
 
     def __post_init__(self) -> None:
-        _check_positive(
+        check_ints(
             "GPTConfig", vocab_size=self.vocab_size, seq_len=self.seq_len,
             d_model=self.d_model, n_head=self.n_head, n_layer=self.n_layer,
         )
         if self.d_ff is not None:
-            _check_positive("GPTConfig", d_ff=self.d_ff)
+            check_ints("GPTConfig", d_ff=self.d_ff)
         if self.d_model % self.n_head != 0:
             raise ValueError(
                 f"GPTConfig: d_model must be divisible by n_head, "
@@ -284,7 +279,7 @@ def make_regression_data(n: int, d_in: int, d_out: int, *, seed: int = 0,
 
     A `TinyMLP(d_in=d_in, d_out=d_out)` can fit it, so losses visibly fall in a lesson.
     """
-    _check_positive("make_regression_data", n=n, d_in=d_in, d_out=d_out)
+    check_ints("make_regression_data", n=n, d_in=d_in, d_out=d_out)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d_in, generator=gen)
     w = torch.randn(d_in, d_out, generator=gen) / math.sqrt(d_in)
@@ -303,7 +298,7 @@ def make_token_data(
     vocabulary, so the next token is a function of the current one: a model can learn it and the
     loss falls well below ``log(vocab_size)`` (uniform random tokens leave nothing to learn).
     """
-    _check_positive("make_token_data", n=n, seq_len=seq_len, vocab_size=vocab_size)
+    check_ints("make_token_data", n=n, seq_len=seq_len, vocab_size=vocab_size)
     gen = torch.Generator().manual_seed(seed)
     successor = torch.randperm(vocab_size, generator=gen)
     seq = torch.empty(n, seq_len + 1, dtype=torch.long)

@@ -7,9 +7,10 @@ process, where no student code ever runs, so patching `torch.allclose` or the re
 rank cannot change a comparison. What *can* be changed in a rank is watched: after every call
 the harness checks that torch.distributed's functions are still the recorder's wrappers and
 that no function or method of the recorder or of this harness was replaced (`tampered`: a
-patched ``Trace.totals`` could report a tree's message counts for a linear broadcast), and notes the bytes the process wrote to the kernel (``/proc/self/io`` wchar),
-which the grader compares with the recorded messages (traffic no wrapper saw: a built-in
-collective behind a patched recorder, files used as a side channel).
+patched ``Trace.totals`` could report a tree's message counts for a linear broadcast), and notes
+the bytes the process wrote to the kernel (``/proc/self/io`` wchar), which the grader compares
+with the recorded messages (traffic no wrapper saw: a built-in collective behind a patched
+recorder, files used as a side channel).
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def _wrappers() -> dict[str, Any]:
 # The modules whose code turns a case into observations: the recorder (its totals decide the
 # traffic checks) and this harness. A submission that rebinds one of their functions or
 # methods, or swaps a function's code object, could report any traffic it likes.
-_INSTRUMENTS = ("toolkit.comm", "toolkit.comm.patch", "toolkit.comm.events",
-                "toolkit.comm.inflight", "toolkit.launch.worker", __name__)
+_INSTRUMENTS = ("toolkit.comm", "toolkit.comm.patch", "toolkit.comm.recorder",
+                "toolkit.comm.events", "toolkit.comm.inflight", "toolkit.launch.worker", __name__)
 
 
 def _identity(obj: Any) -> tuple[Any, Any] | None:

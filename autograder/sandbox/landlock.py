@@ -99,8 +99,8 @@ def restrict(read: Iterable[str], write: Iterable[str], list_only: Iterable[str]
     # From ABI 6 signals are scoped too: a rank (as root where no uid of its own could be
     # given) could otherwise SIGKILL any process on the host, e.g. kill(-1, SIGKILL).
     attr = _RulesetAttrScoped(handled, 0, SCOPE_SIGNAL) if abi >= 6 else _RulesetAttr(handled)
-    ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
-                           ctypes.c_uint32(0))
+    ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr),
+                           ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
     try:

@@ -163,7 +163,9 @@ def sandbox_paths(workdir: Path, toolkit_modules=()) -> tuple[list[str], list[st
     for entry in sys.path:  # site-packages and friends (a venv's may sit outside its prefix)
         if entry and Path(entry).is_dir() and "site-packages" in entry:
             read.add(entry)
-    read |= {str(pkg / "__init__.py"), str(pkg / "launch"), str(pkg / "comm")}
+    # arguments.py: the argument checks that toolkit.models (a lab's sandbox module) imports.
+    read |= {str(pkg / "__init__.py"), str(pkg / "launch"), str(pkg / "comm"),
+             str(pkg / "arguments.py")}
     for name in toolkit_modules:  # what a lab's harness needs (LabInfo.sandbox_modules)
         if not name.replace("_", "").isalnum():
             raise ValueError(f"sandbox module {name!r} must be a plain toolkit module name")

@@ -36,7 +36,7 @@ def _jsonable(value):
 def _message(exc_type: str | None, traceback: str) -> str:
     """The exception's message: the traceback's last line after "Type: " (exceptions of
     untrusted ranks are never unpickled, only their text is kept)."""
-    lines = [l for l in (traceback or "").strip().splitlines() if l.strip()]
+    lines = [line for line in (traceback or "").strip().splitlines() if line.strip()]
     last = lines[-1] if lines else ""
     for prefix in (f"{exc_type}: ", f"{(exc_type or '').split('.')[-1]}: "):
         if exc_type and prefix in last:

@@ -72,7 +72,8 @@ def judge_reduce_scatter(r: CaseResult) -> Verdict:
         for rank, got in enumerate(r.outputs):
             for j, chunk in enumerate(want):
                 if j != rank and isinstance(got, torch.Tensor) and got.shape == chunk.shape \
-                        and got.numel() and torch.allclose(got.double(), chunk.double(), 1e-4, 1e-4):
+                        and got.numel() \
+                        and torch.allclose(got.double(), chunk.double(), 1e-4, 1e-4):
                     return Verdict(False, f"rank {rank} holds chunk {j} of the sum; rank {rank} "
                                           f"should end with chunk {rank} ({_label(r)}): check "
                                           "which chunk each step sends")

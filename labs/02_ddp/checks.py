@@ -34,7 +34,8 @@ GENERIC = "check which slice of which bucket each parameter uses"
 
 def cases(*specs: dict, seed: int = 0, **extra) -> tuple[dict, ...]:
     """One case per spec (world_size, model, ...), each with its own seed."""
-    return tuple({"seed": seed + k, "model": "toy", **extra, **spec} for k, spec in enumerate(specs))
+    return tuple({"seed": seed + k, "model": "toy", **extra, **spec}
+                 for k, spec in enumerate(specs))
 
 
 def _label(r: CaseResult) -> str:
@@ -122,7 +123,8 @@ def judge_train(r: CaseResult) -> Verdict:
         return Verdict(True)
     rank, name = bad
     steps = int(r.case.get("steps", 3))
-    where = f"after {steps} steps, rank {rank}'s {name} differs from single-process training ({label})"
+    where = (f"after {steps} steps, rank {rank}'s {name} differs from single-process training "
+             f"({label})")
     flight = _in_flight(r)
     if flight is not None:
         return Verdict(False, f"{where}: in step {flight[1]}, rank {flight[0]} still had an "
@@ -168,9 +170,6 @@ def judge_traffic(r: CaseResult) -> Verdict:
     n_buckets, n_params = len(expected_buckets(r.case)), len(params)
     cap = int(r.case.get("cap", DEFAULT_CAP))
     trainable = sum(p.numel() * p.element_size() for p in params)
-    every = sum(p.numel() * p.element_size() for p in model.parameters())
-    tied_twice = trainable + sum(m.weight.numel() * 4 for m in [getattr(model, "c", None)]
-                                 if m is not None and r.case.get("tied"))
     label = _label(r)
     for rank, out in enumerate(r.outputs):
         for step, s in enumerate(out["steps"]):
@@ -192,14 +191,28 @@ def judge_traffic(r: CaseResult) -> Verdict:
                 return Verdict(False, f"{at}: {got} all-reduces; the {n_params} trainable "
                                       f"parameters make {n_buckets} bucket(s).{hint}")
             if nbytes != trainable:
-                hint = ""
-                if nbytes == every and every != trainable:
-                    hint = " That is every parameter's bytes: frozen parameters were sent"
-                elif nbytes == tied_twice != trainable:
-                    hint = " The tied weight was sent twice: module.parameters() lists it once"
                 return Verdict(False, f"{at}: the all-reduces carried {nbytes:,} bytes; the "
-                                      f"trainable parameters hold {trainable:,}.{hint}")
+                                      f"trainable parameters hold {trainable:,}."
+                                      f"{_bytes_hint(model, nbytes)}")
     return Verdict(True)
+
+
+def _bytes_hint(model: torch.nn.Module, nbytes: int) -> str:
+    """The usual mistake that makes all-reduces carry `nbytes` instead of the trainable
+    parameters' bytes, as a sentence ("" when none explains it). Bytes are counted with each
+    tensor's own element size; a tied weight is found as one tensor under several names."""
+    def size(ps) -> int:
+        return sum(p.numel() * p.element_size() for p in ps)
+
+    trainable = size(p for p in model.parameters() if p.requires_grad)
+    every = size(model.parameters())
+    each_use = size(p for _, p in model.named_parameters(remove_duplicate=False)
+                    if p.requires_grad)  # a tied weight once per module that holds it
+    if nbytes == every != trainable:
+        return " That is every parameter's bytes: frozen parameters were sent"
+    if nbytes == each_use != trainable:
+        return " The tied weight was sent twice: module.parameters() lists it once"
+    return ""
 
 
 def judge_order(r: CaseResult) -> Verdict:
@@ -237,8 +250,8 @@ def judge_overlap(r: CaseResult) -> Verdict:
                 return Verdict(False, f"{at}: all {len(events)} all-reduces started after "
                                       "backward had computed every gradient: no overlap. Start "
                                       "a bucket's all-reduce from the gradient hook "
-                                      "(grad_ready) as soon as the bucket is full; bucket 0 (the last "
-                                      "layer's parameters) fills first")
+                                      "(grad_ready) as soon as the bucket is full; bucket 0 "
+                                      "(the last layer's parameters) fills first")
             if not all(e[2] for e in early):
                 return Verdict(False, f"{at}: an all-reduce started during backward blocks it "
                                       "(async_op=False). Use dist.all_reduce(buf, async_op=True) "

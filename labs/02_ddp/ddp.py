@@ -182,7 +182,7 @@ class DDP(nn.Module):
         ### BEGIN SOLUTION
         for k in range(self.next_bucket, len(self.buckets)):
             for p in self.buckets[k]:
-                if id(p) not in self.packed[k]:  # no gradient this step: zeros or what no_sync left
+                if id(p) not in self.packed[k]:  # no gradient this step: zeros (or no_sync's sum)
                     _, start = self.where[id(p)]
                     piece = self.flat[k][start:start + p.numel()]
                     if p.grad is None:

@@ -45,7 +45,8 @@ from typing import Any, Callable
 
 import torch
 
-from ._common import REDUCE_OPS, GroupView, chunk_bounds, chunk_sizes
+from ..chunks import chunk_bounds, chunk_sizes  # re-exported: the split every layer shares
+from ._common import REDUCE_OPS, GroupView
 from .all_reduce import ps_all_reduce, sharded_ps_all_reduce, tree_all_reduce
 from .ring import (
     all_gather_chunks, reduce_scatter_chunks, ring_all_gather, ring_all_reduce,

@@ -3,16 +3,7 @@
 Roots (`src`, `dst`) are *global* ranks, as in `torch.distributed`, also for a subgroup.
 Cost of each (Thakur, Rabenseifner & Gropp 2005), p ranks, n bytes, α per message, β per byte:
 
-==================  ======================  ==============================================
-algorithm           time                    why
-==================  ======================  ==============================================
-linear broadcast    (p−1)(α + nβ)           the root sends the whole tensor p−1 times
-tree broadcast      ⌈log₂p⌉(α + nβ)         every holder sends it on: doubles each round
-linear reduce       (p−1)(α + nβ)           the root receives p−1 tensors one by one
-tree reduce         ⌈log₂p⌉(α + nβ)         the tree broadcast backwards, adding on the way
-scatter, gather     (p−1)α + (p−1)/p·nβ     the root sends (receives) one n/p piece per rank
-==================  ======================  ==============================================
-
+==================  ======================  =======================================
 The "linear" algorithms wait for each message before starting the next: one link at the root,
 used one message at a time, which is what the model above assumes.
 """

@@ -28,34 +28,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist  # isend / irecv looked up at call time (recorded)
 
+from ..chunks import SLICE_BYTES, ring_slices
 from ._common import GroupView, ReduceOpLike, chunk_sizes, combine
 from .ring import drive_all_gather, drive_all_reduce, drive_reduce_scatter
 
-SLICE_BYTES = 4 << 20
-"""Default slice size in bytes (4 MiB), chosen by measurement on a 2-core CPU with gloo (the
-sweep in lesson 03 and `benchmarks/collectives.py --slices`): here one point-to-point message
-costs some 0.4-0.8 ms of CPU, mostly in the kernel (system calls and wake-ups of processes
-sharing two cores), so a few large slices beat many small ones. CPU time per 16 and 64 MB call
-(median of 9, nice -20): 1 MiB slices cost 23-55 % more than 4 MiB ones at 2 and 4 ranks,
-256 KiB ones about 5×; 2-8 MiB were within the noise of one another. The α-β-γ model
-(`toolkit.cost.slicing`) agrees: the best count S* = √(nγ/(2pα)) is small when α is large. A
-GPU cluster would pick its own (NCCL slices far finer)."""
-
 WINDOW = 2
 """Receives posted ahead of the one being added (gloo keeps two segments in flight too)."""
-
-
-def ring_slices(numel: int, p: int, element_size: int, slice_bytes: int = SLICE_BYTES) -> int:
-    """S, the slices per chunk: ⌈(largest chunk in bytes) / slice_bytes⌉, at least 1.
-
-    A function of (numel, p, element size, slice_bytes) only, so every rank cuts every chunk the
-    same way and the k-th slice a rank sends is the k-th slice its neighbour receives.
-    """
-    if slice_bytes < 1:
-        raise ValueError(f"slice_bytes={slice_bytes} must be >= 1 (bytes per slice)")
-    largest = max(chunk_sizes(numel, p)) if numel else 0
-    per_slice = max(1, slice_bytes // element_size)
-    return max(1, -(-largest // per_slice))
 
 
 def pipelined_ring(g: GroupView, chunks: list[torch.Tensor], op: str | None, *, reduce: bool,

@@ -44,16 +44,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..collectives import chunk_sizes  # the torch.tensor_split rule, shared with every split
+from ..arguments import check_int
+from ..chunks import chunk_sizes  # the torch.tensor_split rule, shared with every split
 
 __all__ = ["RingAttention", "full_attention", "ring_attention", "sequence_sizes", "shard_sequence"]
 
 
 def sequence_sizes(seq_len: int, p: int) -> list[int]:
     """Positions each of p ranks holds: ``torch.tensor_split``'s rule, larger shards first."""
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < p:
-        raise ValueError(f"seq_len={seq_len!r} must be an int >= the number of context-parallel "
-                         f"ranks p={p}: every rank needs at least one position")
+    check_int("sequence_sizes", "seq_len", seq_len, low=p,
+              hint=f"at least one position for each of the p={p} context-parallel ranks")
     return chunk_sizes(seq_len, p)
 
 

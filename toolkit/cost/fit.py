@@ -74,7 +74,8 @@ def fit_alpha_beta(data: Iterable[Sample]) -> Fit:
     """Least-squares α, β (relative error, both ≥ 0) over measured samples.
 
     `data`: `Sample`s, (collective, algorithm, p, nbytes, seconds) tuples, or the DataFrame that
-    `toolkit.cost.measure` returns. Needs at least two samples that tell α from β (two sizes).
+    `toolkit.experiments.collectives.measure` returns. Needs at least two samples that tell α
+    from β (two sizes).
     """
     samples = as_samples(data)
     X, t = _design(samples)

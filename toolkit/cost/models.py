@@ -8,31 +8,7 @@ needs `a` message rounds and moves `b·n` bytes on its busiest path takes
 so every model here is the pair of coefficients (a(p), b(p)) for p ranks (Thakur, Rabenseifner &
 Gropp, IJHPCA 2005; Patarasuk & Yuan, JPDC 2009; table in REFERENCES.md):
 
-=========================  ========  ========  ==============================================
-collective/algorithm       a(p)      b(p)      why
-=========================  ========  ========  ==============================================
-all_reduce/ring            2(p−1)    2(p−1)/p  p−1 reduce-scatter + p−1 all-gather steps of n/p
-all_reduce/sliced_ring     2(p−1)    2(p−1)/p  the ring's model (`SAME_MODEL`), in S slices
-all_reduce/ps              2(p−1)    2(p−1)    root receives p−1 tensors, then sends p−1
-all_reduce/sharded_ps      2(p−1)    2(p−1)/p  each rank serves n/p: p−1 steps in, p−1 out
-all_reduce/tree            2⌈log₂p⌉  2⌈log₂p⌉  tree reduce + tree broadcast, whole tensor
-broadcast/linear           p−1       p−1       the root sends the tensor p−1 times
-broadcast/tree             ⌈log₂p⌉   ⌈log₂p⌉   holders double each round
-reduce/linear              p−1       p−1       mirror of the linear broadcast
-reduce/tree                ⌈log₂p⌉   ⌈log₂p⌉   mirror of the tree broadcast
-reduce_scatter/ring        p−1       (p−1)/p   half of the ring all-reduce
-reduce_scatter/sliced_ring p−1       (p−1)/p   the same, in slices
-all_gather/ring            p−1       (p−1)/p   the other half
-all_gather/sliced_ring     p−1       (p−1)/p   the same, in slices
-scatter/linear             p−1       (p−1)/p   one n/p piece to each other rank
-gather/linear              p−1       (p−1)/p   one n/p piece from each other rank
-=========================  ========  ========  ==============================================
-
-"Rounds" assume one port per rank (Thakur et al. §2): a rank sends one message and receives one
-at a time, so messages that share a rank's link follow one another. Every algorithm here sends
-at most one message each way per round, so a(p) is what the code does (the sharded parameter
-server too: its p−1 messages per phase go in p−1 steps, one to each server in turn).
-
+=========================  ========  ========  =======================================
 Compute (the additions of a reduction) is not modelled: on a CPU it is folded into the fitted β.
 So the sliced ring has the ring's coefficients: it sends the same bytes, and in a pipeline of S
 slices per chunk the slices of a step follow one another on the link like one message (the
@@ -121,6 +97,10 @@ BUS_FACTOR: dict[str, Callable[[int], float]] = {
 }
 """nccl-tests' factor from algorithm bandwidth to bus bandwidth (scatter/gather: ours, by the
 same rule: the root's link carries (p−1)/p of the data)."""
+
+TORCH = "torch"
+"""The algorithm name of torch's built-in collective (gloo or NCCL), the baseline a measured
+table (`toolkit.experiments.collectives.measure`) sets beside these models."""
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,8 @@ def machine_meta(backend: str) -> dict[str, Any]:
 
 
 def save_results(table, folder: str | os.PathLike, meta: dict[str, Any]) -> Path:
-    """Write `table` (from `toolkit.cost.measure`) and `meta` to `folder`; returns the folder.
+    """Write `table` (from `toolkit.experiments.collectives.measure`) and `meta` to `folder`;
+    returns the folder.
 
     Written to temporary names and renamed, so an interrupted run never leaves half a file.
     """

@@ -10,8 +10,8 @@ A timing on a shared machine is a distribution, not a number. For n trials x₁ 
   as 1/√n while the interquartile range does not: more trials pin the median, not the scatter.
 
 For a ratio (toolkit time / built-in time) the trials are *paired*: trial i of each algorithm
-ran back to back (`toolkit.cost.measure` alternates them), so a slow second on the machine slows
-both and cancels in xᵢ / yᵢ. Pure functions: numbers in, numbers out.
+ran back to back (`toolkit.experiments.collectives.measure` alternates them), so a slow second
+on the machine slows both and cancels in xᵢ / yᵢ. Pure functions: numbers in, numbers out.
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ from typing import Callable, Sequence
 
 from torch import Tensor, nn
 
+from ..arguments import check_int
+
 __all__ = ["accumulate_gradients", "split_batch"]
 
 
@@ -39,8 +41,7 @@ def split_batch(*tensors: Tensor, micro_batches: int) -> list[tuple[Tensor, ...]
     Sizes follow `torch.tensor_split`: N items into k pieces, the first N mod k pieces one item
     longer. Returns one tuple per micro-batch, e.g. ``[(x0, y0), (x1, y1), ...]``.
     """
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
-        raise ValueError(f"split_batch: micro_batches must be an int >= 1, got {micro_batches!r}")
+    check_int("split_batch", "micro_batches", micro_batches)
     if not tensors:
         raise ValueError("split_batch: pass at least one tensor")
     n = tensors[0].shape[0]

@@ -38,16 +38,12 @@ transformer layers only.
 
 from __future__ import annotations
 
+from ..arguments import check_int, check_ints
+
 RECOMPUTE = ("none", "selective", "full")
 """Activation recomputation policies: none, Korthikanti's selective (the attention core), full."""
 ATTENTION = ("materialised", "flash")
 """How attention keeps its scores for backward: the s×s matrices, or none (FlashAttention)."""
-
-
-def _check_int(owner: str, **values: int) -> None:
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{owner}: {name} must be an int >= 1, got {value!r}")
 
 
 def activation_bytes_per_layer(*, seq_len: int, batch: int, hidden: int, heads: int,
@@ -61,7 +57,7 @@ def activation_bytes_per_layer(*, seq_len: int, batch: int, hidden: int, heads: 
     positions (cp must divide s), whose queries attend to all s keys. `recompute` is one of
     `RECOMPUTE`, `attention` one of `ATTENTION`.
     """
-    _check_int("activation_bytes_per_layer", seq_len=seq_len, batch=batch, hidden=hidden,
+    check_ints("activation_bytes_per_layer", seq_len=seq_len, batch=batch, hidden=hidden,
                heads=heads, tensor_parallel=tensor_parallel, context_parallel=context_parallel)
     if recompute not in RECOMPUTE:
         raise ValueError(f"activation_bytes_per_layer: recompute must be one of {RECOMPUTE}, "
@@ -94,8 +90,7 @@ def activation_bytes(*, layers: int, seq_len: int, batch: int, hidden: int, head
                      attention: str = "materialised") -> float:
     """Bytes of activations of `layers` identical transformer layers for one micro-batch:
     ``layers × activation_bytes_per_layer(...)`` (embeddings and logits left out)."""
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
-        raise ValueError(f"activation_bytes: layers must be an int >= 0, got {layers!r}")
+    check_int("activation_bytes", "layers", layers, low=0)
     return layers * activation_bytes_per_layer(
         seq_len=seq_len, batch=batch, hidden=hidden, heads=heads,
         tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel,

@@ -7,9 +7,9 @@ count fits a model on a cluster, and how fast each is predicted to be.
     table.head()                                                  # dp, tp, pp, memory, step, MFU
     planner.predict("gpt2-small", dgx.with_gpus(8), planner.Layout(dp=8), global_batch=64)
 
-Pure functions over `toolkit.memory` (bytes), `toolkit.cost` (α-β links), `toolkit.flops`
-(FLOPs) and `toolkit.pipeline` (bubble); only `measure` starts ranks, to set the model against
-a real run on this machine.
+Pure functions over `toolkit.memory` (bytes), `toolkit.cost` (α-β links and the pipeline
+bubble, `toolkit.cost.bubble`) and `toolkit.flops` (FLOPs); nothing here starts a process. The
+model set against a real run on this machine is `toolkit.experiments.planner`.
 
 ==========  =====================================================================================
 module      holds
@@ -20,8 +20,6 @@ module      holds
             (`coords`, `groups`, `span`), `AXES`
 `plan`      `predict` (one layout: memory parts, time parts, MFU, HFU), `layouts` (enumerate),
             `plan` (predict all, rank), `as_shape`, `EFFICIENCY`
-`measure`   real steps of TinyGPT on CPU ranks under a layout (dp and tp), the laptop's
-            FLOP/s and α-β, for predicted-vs-measured tables
 ==========  =====================================================================================
 """
 

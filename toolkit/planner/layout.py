@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from ..arguments import check_ints, is_int
 from ..memory import ATTENTION, RECOMPUTE
 
 __all__ = ["AXES", "Layout"]
@@ -55,11 +56,9 @@ class Layout:
     """With tp > 1, keep LayerNorm/dropout activations split along the sequence (Korthikanti)."""
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "cp", "micro_batches"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Layout: {name} must be an int >= 1, got {value!r}")
-        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+        check_ints("Layout", dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp,
+                   micro_batches=self.micro_batches)
+        if not is_int(self.zero) or self.zero not in (0, 1, 2, 3):
             raise ValueError(f"Layout: zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"Layout: recompute must be one of {RECOMPUTE}, "

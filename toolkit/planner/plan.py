@@ -50,11 +50,12 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from .. import cost
+from ..arguments import check_ints
 from ..flops import step_flops
 from ..memory import ATTENTION, RECOMPUTE, GiB, MIXED_ADAM, ModelShape, Recipe, model_shape
 from ..memory import activation_bytes_per_layer, model_state_bytes
 from ..models import GPTConfig, gpt_param_count
-from ..pipeline import bubble_fraction, peak_activations
+from ..cost.bubble import bubble_fraction, peak_activations
 from .cluster import Cluster
 from .layout import Layout
 
@@ -158,9 +159,7 @@ def predict(model: ModelShape | GPTConfig | str, cluster: Cluster, layout: Layou
     s = shape.seq_len if seq_len is None else seq_len
     layout.check(cluster.world_size)
     d = layout
-    for name, value in (("global_batch", global_batch), ("seq_len", s)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"predict: {name} must be an int >= 1, got {value!r}")
+    check_ints("predict", global_batch=global_batch, seq_len=s)
     if not 0 < efficiency <= 1:
         raise ValueError(f"predict: efficiency must be in (0, 1], got {efficiency!r}")
     for what, n, k in (("heads", shape.heads, d.tp), ("layers", shape.layers, d.pp),

@@ -13,24 +13,25 @@ forward again to get the rest back, then its backward. With L blocks in segments
     memory ≈ ⌈L/k⌉ segment inputs (held all along)  +  k blocks' internals (one segment at a time)
 
 smallest at k = √L when an input costs as much as a block's internals, for one extra forward
-per step (`chen`). A transformer block keeps far more inside than its input, so there the best k
-is about √(L·input/internals), often 1; selective recomputation reruns only the attention core.
+per step (Chen's model is pure memory arithmetic: `toolkit.memory.checkpointing`; every case
+measured on CPU ranks beside it: `toolkit.experiments.recompute.sweep`). A transformer block
+keeps far more inside than its input, so there the best k is about √(L·input/internals), often
+1; selective recomputation reruns only the attention core.
 
 ==============  ===================================================================================
 module          holds
 ==============  ===================================================================================
-`chen`          Chen's model: `segment_sizes`, `chen_memory`, `best_every` (pure arithmetic)
 `wrappers`      `CheckpointedGPT` (segments, selective, flash-style attention), `CheckpointedMLP`
-`measure`       `saved_bytes`, `measure` (one step), `sweep` (every case on CPU ranks, FLOPs)
+`measure`       `saved_bytes`, `measure` (one step in this process)
 ==============  ===================================================================================
 
     model = CheckpointedGPT(TinyGPT(GPTConfig(n_layer=16)), every=4)   # 4 segments of 4
     logits, loss = model(x, y)                                         # as TinyGPT
 """
 
-from .chen import best_every, chen_memory, segment_sizes
-from .measure import StepMeasure, checkpointed, measure, saved_bytes, sweep
+from ..memory.checkpointing import best_every, chen_memory, segment_sizes
+from .measure import StepMeasure, checkpointed, measure, saved_bytes
 from .wrappers import CheckpointedGPT, CheckpointedMLP
 
 __all__ = ["CheckpointedGPT", "CheckpointedMLP", "StepMeasure", "best_every", "checkpointed",
-           "chen_memory", "measure", "saved_bytes", "segment_sizes", "sweep"]
+           "chen_memory", "measure", "saved_bytes", "segment_sizes"]

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..memory import ATTENTION
 from ..models import Attend, TinyGPT, TinyMLP
-from .chen import segment_sizes
+from ..memory.checkpointing import segment_sizes
 
 __all__ = ["CheckpointedGPT", "CheckpointedMLP"]
 

@@ -7,8 +7,8 @@ helpers of the model's answers sit beside them: `fastest` (which algorithm wins 
 
 The model (Hockney; Thakur, Rabenseifner & Gropp, IJHPCA 2005) is `toolkit.cost`'s
 t = a(p)·α + b(p)·n·β; these functions only draw it. Measured tables are what
-`toolkit.cost.measure` returns (columns collective, algorithm, p, nbytes, seconds, busbw). Pure
-functions: data in, plotly figure out; no processes, no widgets.
+`toolkit.experiments.collectives.measure` returns (columns collective, algorithm, p, nbytes,
+seconds, busbw). Pure functions: data in, plotly figure out; no processes, no widgets.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def _color(name: str, extra: dict[str, str]) -> str:
 def _table(table: Any, name: str, collective: str | None, need: Iterable[str]):
     """The rows of one collective, checked: a DataFrame with the columns `need`."""
     if not hasattr(table, "columns"):
-        raise TypeError(f"{name}: expected the DataFrame from toolkit.cost.measure, "
-                        f"got {type(table).__name__}")
+        raise TypeError(f"{name}: expected the DataFrame from "
+                        f"toolkit.experiments.collectives.measure, got {type(table).__name__}")
     missing = ({"collective", "algorithm", "p", "nbytes"} | set(need)) - set(table.columns)
     if missing:
         raise ValueError(f"{name}: the table lacks columns {sorted(missing)}")

@@ -24,7 +24,7 @@ from plotly.subplots import make_subplots
 from ..flops import flash_recompute_flops, flops_per_token, recompute_flops
 from ..memory import GiB, activation_bytes_per_layer, model_shape
 from ..models import GPTConfig
-from ..recompute.chen import best_every, chen_memory
+from ..memory.checkpointing import best_every, chen_memory
 
 __all__ = ["recompute_tradeoff", "recompute_view", "sweep_figure"]
 
@@ -104,7 +104,7 @@ def recompute_view(*, model: str, seq_len: int, batch: int) -> tuple[go.Figure, 
 
 def sweep_figure(table, *, unit_bytes: float, unit: str, formula: str | None = None,
                  title: str = "") -> go.Figure:
-    """A `toolkit.recompute.sweep` table drawn: left, the measured peak (in `unit`s of
+    """A `toolkit.experiments.recompute.sweep` table drawn: left, the measured peak (in `unit`s of
     `unit_bytes`) per case, with the column `formula` (bytes) as a line when given; right, the
     step time per case, the median over ranks with the spread between ranks as an error bar."""
     cases = list(table.index)

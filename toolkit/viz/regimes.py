@@ -4,7 +4,7 @@ beside the α-β-γ model (`slice_speedups`).
 
 Models: `toolkit.cost.piecewise` (one α, β per size regime, boundaries from the data) and
 `toolkit.cost.slicing` (t(S) = 2(p−1)·S·α + 2(p−1)/p·n·β + (p−1)/p·n·γ/S). Tables are what
-`toolkit.cost.measure` returns. Pure functions: data in, plotly figure out.
+`toolkit.experiments.collectives.measure` returns. Pure functions: data in, plotly figure out.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 import plotly.graph_objects as go
 
-from ..collectives import ring_slices
+from ..chunks import ring_slices
 from ..cost import AlphaBeta, PiecewiseFit, predict, slicing_speedup
 from ..cost.choose import human_bytes
 from ..cost.models import split_label

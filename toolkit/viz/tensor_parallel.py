@@ -70,9 +70,10 @@ def matmul_split(kind: str, p: int = 2, *, rows: str = "b·s", inner: str = "h",
                  f"A{i + 1}<br>({inner}, {outer}/{p})")
         y0 = ax0 + wa + gap
         for i in range(p):
-            _box(fig, y0 + i * wa / p, yx0, wa / p, hx, _RANK[i], f"Y{i + 1}<br>({rows}, {outer}/{p})")
-        title = (f"column split: Y_i = X·A_i on rank i, nothing to send forward "
-                 f"(backward: dX = Σ_i dY_i·A_iᵀ, an all-reduce)")
+            _box(fig, y0 + i * wa / p, yx0, wa / p, hx, _RANK[i],
+                 f"Y{i + 1}<br>({rows}, {outer}/{p})")
+        title = ("column split: Y_i = X·A_i on rank i, nothing to send forward "
+                 "(backward: dX = Σ_i dY_i·A_iᵀ, an all-reduce)")
     else:
         for i in range(p):
             _box(fig, i * wx / p, yx0, wx / p, hx, _RANK[i], f"X{i + 1}<br>({rows}, {inner}/{p})")

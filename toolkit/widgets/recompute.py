@@ -15,7 +15,7 @@ import ipywidgets as W
 
 from ..memory import MODELS
 from ..viz.recompute import recompute_view
-from .ddp import SliderExplorer
+from .base import SliderExplorer
 
 SEQ_CHOICES = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 """Sequence lengths offered."""

@@ -24,12 +24,20 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import pandas as pd
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
+from .. import comm
+from ..cost import bytes_sent_per_rank
+from ..data_parallel.fsdp import FullyShardedDataParallel
+from ..data_parallel.zero import ShardedOptimizer
+from ..launch import device, spawn
+from ..memory.measured import held_model_states
+from ..memory.states import FP32_ADAM, model_state_bytes
 from ..models import GPTConfig, TinyGPT, count_parameters, make_token_data
-from .measured import held_model_states
-from .states import FP32_ADAM, model_state_bytes
 
 METHODS = ("ddp", "zero1", "zero2", "fsdp", "torch_fsdp2")
 """Every method `run_methods` knows, in stage order."""
@@ -45,10 +53,6 @@ _RING = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
 
 def _build(method: str, cfg: GPTConfig, lr: float) -> tuple[Any, torch.optim.Optimizer, list]:
     """(model to call, optimizer, flat group sizes) for one method on this rank."""
-    from ..data_parallel.fsdp import FullyShardedDataParallel
-    from ..data_parallel.zero import ShardedOptimizer
-    from ..launch import device
-
     model = TinyGPT(cfg, device=device())
     if method == "ddp":
         return model, torch.optim.Adam(model.parameters(), lr=lr), []
@@ -60,9 +64,6 @@ def _build(method: str, cfg: GPTConfig, lr: float) -> tuple[Any, torch.optim.Opt
         return fsdp, torch.optim.Adam(fsdp.parameters(), lr=lr), [
             g.numel for g in fsdp._all_groups()]
     if method == "torch_fsdp2":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
         mesh = init_device_mesh(device().type, (dist.get_world_size(),))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
@@ -73,9 +74,6 @@ def _build(method: str, cfg: GPTConfig, lr: float) -> tuple[Any, torch.optim.Opt
 
 def _rank_run(rank: int, world_size: int, methods: Sequence[str], cfg: GPTConfig, steps: int,
               batch: int, lr: float) -> list[dict]:
-    from .. import comm
-    from ..launch import device
-
     x, y = make_token_data(batch, cfg.seq_len, cfg.vocab_size, device=device())
     n = batch // world_size
     xs, ys = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
@@ -104,8 +102,6 @@ def _rank_run(rank: int, world_size: int, methods: Sequence[str], cfg: GPTConfig
 def _ring_bytes(op: str, nbytes: int, p: int) -> float:
     """Bytes one rank sends for a recorded collective, as a ring moves it. The recorder
     counts the input: a shard for all-gather (the full tensor is p times it)."""
-    from ..cost import bytes_sent_per_rank
-
     if op not in _RING:
         return 0.0
     full = nbytes * p if _RING[op] == "all_gather" else nbytes
@@ -118,10 +114,6 @@ def run_methods(world_size: int, methods: Sequence[str] = METHODS, *,
     """Train with every method on `world_size` real ranks; one row per (method, rank) of
     measured bytes (params, grads, optimizer, step_bytes), flat group sizes, wire bytes per
     step and collective calls per step. A pandas DataFrame."""
-    import pandas as pd
-
-    from ..launch import spawn
-
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"run_methods: unknown methods {sorted(unknown)}; choose from {METHODS}")

@@ -14,12 +14,15 @@ outside segments runs forward twice). In general the optimum is near k = √(L·
 transformer block keeps far more inside (Korthikanti et al. 2022: 34·s·b·h + 5·a·s²·b bytes)
 than its input (2·s·b·h), so there it is k = 1, checkpointing every block.
 
-Pure arithmetic: numbers in, numbers out.
+Pure arithmetic: numbers in, numbers out (`toolkit.recompute` builds the checkpointed models,
+`toolkit.experiments.recompute` measures them against this).
 """
 
 from __future__ import annotations
 
 import math
+
+from ..arguments import check_int
 
 __all__ = ["best_every", "chen_memory", "segment_sizes"]
 
@@ -31,9 +34,8 @@ def segment_sizes(n_layer: int, every: int | None) -> list[int]:
     """
     if every is None:
         return []
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ValueError(f"every must be None (no checkpointing) or an int >= 1 (blocks per "
-                         f"checkpointed segment), got {every!r}")
+    check_int("", "every", every, expected="None (no checkpointing) or an int >= 1 (blocks per "
+                                           "checkpointed segment)")
     return [min(every, n_layer - i) for i in range(0, n_layer, every)]
 
 
@@ -55,8 +57,7 @@ def best_every(n_layer: int, *, input_bytes: float = 1.0, block_bytes: float = 1
     """The segment length k with the least `chen_memory`: √L when an input costs as much as a
     block's internals (Chen et al., section 4), about √(L·a/c) in general; ties go to the k
     nearest √(L·a/c)."""
-    if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer < 1:
-        raise ValueError(f"n_layer must be an int >= 1, got {n_layer!r}")
+    check_int("best_every", "n_layer", n_layer)
     return min(range(1, n_layer + 1), key=lambda k: (
         chen_memory(n_layer, k, input_bytes=input_bytes, block_bytes=block_bytes),
         abs(k - math.sqrt(n_layer * input_bytes / block_bytes))))

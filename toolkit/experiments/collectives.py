@@ -1,6 +1,6 @@
 """Time collectives on real ranks over a sweep of sizes, so that a ratio holds still.
 
-    from toolkit.cost import measure
+    from toolkit.experiments.collectives import measure
     df = measure([("all_reduce", "sliced_ring"), ("all_reduce", "torch")],
                  sizes=[4096, 1 << 20], world_sizes=[2, 4])
     df[["algorithm", "p", "nbytes", "seconds", "ratio", "ratio_q25", "ratio_q75"]]
@@ -40,13 +40,16 @@ import math
 import time
 from typing import Any, Callable, Iterable, Sequence
 
+import pandas as pd
 import torch
 import torch.distributed as dist
 
-from .models import BUS_FACTOR, COEFFICIENTS, algorithms, split_label
-from .spread import paired_ratios, spread
+from .. import collectives as C
+from ..cost.models import BUS_FACTOR, COEFFICIENTS, TORCH, algorithms, split_label
+from ..cost.spread import paired_ratios, spread
+from ..launch import device, spawn
 
-TORCH = "torch"
+
 # torch 2.13 renamed the tensor forms (the old names warn); older releases only have the old ones.
 # Looked up at call time, so that toolkit.comm's recording wrappers are the ones called.
 def _RS_TENSOR(out, inp):
@@ -83,8 +86,6 @@ def _buffers(collective: str, n: int, p: int, rank: int, dtype: torch.dtype,
 
 def _runner(collective: str, label: str, b: dict[str, Any]) -> Callable[[], object]:
     """A zero-argument function doing one call of `label` on the buffers `b`."""
-    from .. import collectives as C
-
     name, kw = split_label(label)
     full, piece, pieces = b["full"], b["piece"], b["pieces"]
     if name == TORCH:
@@ -118,8 +119,6 @@ def _rank_sweep(rank: int, world_size: int, cases, sizes, dtype, warmup: int, re
                 max_repeats: int, tolerance: float, min_time: float):
     """Inside a rank: {(collective, algorithm, size): (numel, calls per trial, slowest-rank
     seconds per call of each trial)}, and the backend."""
-    from ..launch import device
-
     dev, out = device(), {}
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
@@ -235,10 +234,6 @@ def measure(cases: Iterable[tuple[str, str]], *, sizes: Sequence[int], world_siz
     (nccl-tests definitions). Read a size as ``df["nbytes"]`` or through ``itertuples()``: on a
     row Series, ``row.nbytes`` is pandas' own attribute (the row's memory), not this column.
     """
-    import pandas as pd
-
-    from ..launch import spawn
-
     max_repeats = repeats if max_repeats is None else max_repeats
     cases = _validate(cases, sizes, world_sizes, repeats, max_repeats, warmup, min_time,
                       tolerance)
