@@ -18,18 +18,22 @@ module             holds
                    bytes), `data_parallel_step` (forward, scaled backward, reduce, step or skip)
 `autocast`         `record_op_dtypes` (which dtype each op of a real run computed in, from the
                    dispatcher), `autocast_policy` (lower precision / fp32 / input dtype)
+`underflow`        `scaled_gradients` (one backward at a loss scale, parameter and activation
+                   gradients unscaled), `flushed` (the zeros a 16-bit run adds)
 =================  ===============================================================================
 
 The formats' arithmetic (ranges, spacing, what a cast keeps) is pure and lives in
 `toolkit.formats`; the runs on ranks measured against `toolkit.memory` live in
-`toolkit.experiments.memory` (``precision="mixed"``) and `toolkit.experiments.precision`.
+`toolkit.experiments.memory` (``precision="mixed"``).
 """
 
 from .autocast import OpRecord, autocast_policy, record_op_dtypes
 from .master import MasterWeightOptimizer, copy_to_working, master_copy, master_weights
 from .scaler import DynamicLossScaler, next_scale
 from .step import StepResult, all_reduce_gradients, data_parallel_step
+from .underflow import Gradients, flushed, scaled_gradients
 
-__all__ = ["DynamicLossScaler", "MasterWeightOptimizer", "OpRecord", "StepResult",
+__all__ = ["DynamicLossScaler", "Gradients", "MasterWeightOptimizer", "OpRecord", "StepResult",
            "all_reduce_gradients", "autocast_policy", "copy_to_working", "data_parallel_step",
-           "master_copy", "master_weights", "next_scale", "record_op_dtypes"]
+           "flushed", "master_copy", "master_weights", "next_scale", "record_op_dtypes",
+           "scaled_gradients"]

@@ -85,7 +85,9 @@ def record_op_dtypes(model: nn.Module, forward: Callable[[], Tensor], *,
     """Run ``forward()`` (it calls `model` and returns a scalar loss) under
     ``torch.autocast(device_type, dtype=autocast)`` (no autocast when None; `device_type`
     defaults to the model's parameters' device), then its backward when `backward`, and return
-    every op that computed, in order, with the dtypes it saw (`OpRecord`)."""
+    every op that computed, in order, with the dtypes it saw (`OpRecord`). The model's
+    gradients are cleared first (so a second call records the same backward, not an
+    accumulation into the first one's gradients) and left set afterwards."""
     if device_type is None:
         device_type = next(model.parameters()).device.type
     rec = _Recorder(keep_shape_ops)
@@ -97,6 +99,7 @@ def record_op_dtypes(model: nn.Module, forward: Callable[[], Tensor], *,
     def pop(m: nn.Module, *_: Any) -> None:
         rec.stack.pop()
 
+    model.zero_grad(set_to_none=True)
     handles = [h for m in names for h in (m.register_forward_pre_hook(push),
                                           m.register_forward_hook(pop))]
     try:
