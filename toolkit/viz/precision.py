@@ -65,14 +65,15 @@ def format_ranges(formats: Sequence[Format], *, marks: Mapping[str, float] | Non
 
 def survival_histogram(magnitudes: torch.Tensor, fmt: Format, *, scale: float = 1.0,
                        title: str = "") -> go.Figure:
-    """Histogram of log2(|g| · scale) for the nonzero values of `magnitudes`, over `fmt`'s
-    bands; the legend gives each band's fraction (`toolkit.formats.survival`)."""
-    a = magnitudes.detach().double().abs().reshape(-1) * scale
-    a = a[a > 0]
+    """Histogram of log2(|g| · scale) for the nonzero values of `magnitudes` (bins of 1/4 in
+    log2), over `fmt`'s bands; the legend gives each band's fraction of all values, zeros
+    included (`toolkit.formats.survival`)."""
+    every = magnitudes.detach().double().abs().reshape(-1) * scale
+    a = every[every > 0]
     if a.numel() == 0:
         raise ValueError("survival_histogram: no nonzero magnitudes to draw")
     x = torch.log2(a)
-    fractions = survival(a, fmt.name)
+    fractions = survival(every, fmt.name)
     edges = _edges(fmt)
     lo, hi = min(x.min().item(), edges["zero"]) - 2, max(x.max().item(), edges["max"]) + 2
     fig = go.Figure()
@@ -82,8 +83,13 @@ def survival_histogram(magnitudes: torch.Tensor, fmt: Format, *, scale: float = 
         fig.add_vrect(x0=start, x1=end, fillcolor=BANDS[band], opacity=0.12, line_width=0)
         fig.add_scatter(x=[None], y=[None], mode="markers", marker=dict(color=BANDS[band],
                         size=10, symbol="square"), name=f"{band}: {fractions[band]:.2%}")
-    fig.add_histogram(x=x.tolist(), nbinsx=120, marker_color="#444", name="values",
-                      showlegend=False)
+    # Binned here (0.25 in log2), so the figure carries counts, not every sample.
+    width = 0.25
+    lo_bin, hi_bin = math.floor(x.min().item() / width), math.ceil(x.max().item() / width) + 1
+    counts = torch.histc(x, bins=hi_bin - lo_bin, min=lo_bin * width, max=hi_bin * width)
+    centers = [(lo_bin + i + 0.5) * width for i in range(len(counts))]
+    fig.add_bar(x=centers, y=counts.tolist(), width=width, marker_color="#444", name="values",
+                showlegend=False, hovertemplate="2^%{x:.2f}: %{y}<extra></extra>")
     fig.update_layout(title=title or f"{fmt.name}, loss scale 2^{math.log2(scale):g}",
                       xaxis=dict(title="log2 (|gradient| × scale)", range=[lo, hi]),
                       yaxis_title="count", height=360, legend=dict(orientation="h", y=-0.25))
