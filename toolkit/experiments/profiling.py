@@ -7,8 +7,9 @@
     toolkit.viz.overlap.overlap_table(spans)          # compute, comm, hidden, exposed per rank
 
 Each rank builds the same `TinyMLP` (width × width, `depth` hidden layers; the model of lesson
-04's timeline), wraps it (`VARIANTS`), runs a warm-up step, then one step (forward, backward:
-the wrappers wait for their all-reduces inside backward) under ``torch.profiler.profile``
+04's timeline), wraps it (`VARIANTS`), runs two warm-up steps (torch DDP re-buckets in its
+second forward, broadcasting the new layout), then one step (forward, backward: the wrappers
+wait for their all-reduces inside backward) under ``torch.profiler.profile``
 (CPU activity, and CUDA on a GPU; record_shapes for the bytes of each collective) and
 ``comm.recording()``, with a post-accumulate-grad hook per Linear weight that marks when its
 gradient is ready (lesson 04's compute spans). Each rank writes its Chrome trace to
@@ -108,7 +109,8 @@ def _profiled_rank(rank: int, world_size: int, variant: str, width: int, depth: 
             loss.backward()  # every wrapper waits for its all-reduces in here
         return loss
 
-    step()  # warm-up: allocations, and torch DDP rebuilds its buckets after its first step
+    for _ in range(2):  # warm-up: allocations; torch DDP rebuilds its buckets in the 2nd forward
+        step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     dist.barrier()  # both ranks start the traced step together
     marks.clear()
