@@ -149,10 +149,13 @@ def test_roofline_view_says_where_each_machine_stands():
 
 
 def test_mfu_bound_figure_has_a_line_per_roof_and_the_measured_points():
-    fig = mfu_bound_figure(CFG, [1, 4, 16], [HERE, A100_SXM], measured={"here": {1: 0.2, 4: 0.5}})
+    fig = mfu_bound_figure(CFG, [1, 4, 16], [HERE, A100_SXM], measured={"here": {1: 0.2, 4: 0.5}},
+                           bytes_per_element={"A100 SXM bf16": 2})
     lines = [t for t in fig.data if t.name.startswith("bound: ")]
-    assert [t.name for t in lines] == ["bound: here", "bound: A100 SXM bf16"]
-    assert list(lines[1].y) == [mfu_bound(gpt_block_kernels(CFG, b), A100_SXM) for b in (1, 4, 16)]
+    assert [t.name for t in lines] == ["bound: here (32-bit)", "bound: A100 SXM bf16 (16-bit)"]
+    assert list(lines[0].y) == [mfu_bound(gpt_block_kernels(CFG, b), HERE) for b in (1, 4, 16)]
+    assert list(lines[1].y) == [mfu_bound(gpt_block_kernels(CFG, b, bytes_per_element=2),
+                                          A100_SXM) for b in (1, 4, 16)]
     assert list(fig.data[-1].y) == [0.2, 0.5]
 
 

@@ -46,48 +46,41 @@ def profile_timeline(spans: Iterable[Span], *, recorded: Sequence[Event] = (),
         raise ValueError("profile_timeline: nothing to draw (no compute or comm spans, no "
                          "recorded events); pass toolkit.viz.trace.merge_traces(...) output")
     t0 = min([s.start for s in compute + comm] + [e.start for e in recorded])
-    ms = 1e3
     fig = go.Figure()
     rows: list[str] = []
+
+    def row_of_bars(row: str, bars: list[tuple], *, name: str, group: str, first: bool,
+                    line: dict, opacity: float = 1.0, hover: str = "%{customdata}") -> None:
+        # bars: (start s, end s, colour, hover data); one trace per row (plotly validates each)
+        rows.append(row)
+        fig.add_trace(go.Bar(
+            orientation="h", base=[(b[0] - t0) * 1e3 for b in bars],
+            x=[(b[1] - b[0]) * 1e3 for b in bars], y=[row] * len(bars),
+            marker=dict(color=[b[2] for b in bars], opacity=opacity, line=line),
+            name=name, legendgroup=group, showlegend=first, customdata=[b[3] for b in bars],
+            hovertemplate=f"{row}: {hover}<br>%{{x:.3f}} ms<extra></extra>"))
+
+    comm_hover = "%{customdata[0]}, %{customdata[1]} bytes"
+    white = dict(color="white", width=1)
     for rank in ranks:
-        mine = [s for s in compute if s.rank == rank]
-        row = f"rank {rank} compute"
-        rows.append(row)
-        fig.add_trace(go.Bar(
-            orientation="h", base=[(s.start - t0) * ms for s in mine],
-            x=[s.duration * ms for s in mine], y=[row] * len(mine),
-            marker=dict(color=[_compute_color(s.name) for s in mine], line_width=0),
-            name="compute (ATen ops; copies orange, matmuls dark)", legendgroup="compute",
-            showlegend=rank == ranks[0], customdata=[s.name for s in mine],
-            hovertemplate=f"rank {rank}: %{{customdata}}<br>%{{x:.3f}} ms<extra></extra>"))
-        mine = [s for s in comm if s.rank == rank]
-        row = f"rank {rank} comm (profiler)"
-        rows.append(row)
-        fig.add_trace(go.Bar(
-            orientation="h", base=[(s.start - t0) * ms for s in mine],
-            x=[s.duration * ms for s in mine], y=[row] * len(mine),
-            marker=dict(color=[_comm_color(s.name.split(":", 1)[-1]) for s in mine],
-                        opacity=0.8, line=dict(color="white", width=1)),
-            name="communication (profiler: the backend's work)", legendgroup="comm",
-            showlegend=rank == ranks[0],
-            customdata=[[s.name, f"{s.nbytes:,}"] for s in mine],
-            hovertemplate=(f"rank {rank}: %{{customdata[0]}}, %{{customdata[1]}} bytes<br>"
-                           "%{x:.3f} ms<extra></extra>")))
+        first = rank == ranks[0]
+        row_of_bars(f"rank {rank} compute",
+                    [(s.start, s.end, _compute_color(s.name), s.name)
+                     for s in compute if s.rank == rank],
+                    name="compute (ATen ops; copies orange, matmuls dark)", group="compute",
+                    first=first, line=dict(width=0))
+        row_of_bars(f"rank {rank} comm (profiler)",
+                    [(s.start, s.end, _comm_color(s.name.split(":", 1)[-1]),
+                      [s.name, f"{s.nbytes:,}"]) for s in comm if s.rank == rank],
+                    name="communication (profiler: the backend's work)", group="comm",
+                    first=first, line=white, opacity=0.8, hover=comm_hover)
         if recorded:
-            mine_r = sorted((e for e in recorded if e.rank == rank), key=lambda e: e.start)
-            row = f"rank {rank} comm (recorder)"
-            rows.append(row)
-            ends = [e.end if e.end is not None else e.start for e in mine_r]
-            fig.add_trace(go.Bar(
-                orientation="h", base=[(e.start - t0) * ms for e in mine_r],
-                x=[(end - e.start) * ms for e, end in zip(mine_r, ends)], y=[row] * len(mine_r),
-                marker=dict(color=[_comm_color(e.op) for e in mine_r], opacity=0.45,
-                            line=dict(color="white", width=1)),
-                name="communication (recorder: call to wait)", legendgroup="recorded",
-                showlegend=rank == ranks[0],
-                customdata=[[e.op, f"{e.nbytes:,}"] for e in mine_r],
-                hovertemplate=(f"rank {rank}: %{{customdata[0]}}, %{{customdata[1]}} bytes"
-                               "<br>%{x:.3f} ms<extra></extra>")))
+            row_of_bars(f"rank {rank} comm (recorder)",
+                        [(e.start, e.end if e.end is not None else e.start, _comm_color(e.op),
+                          [e.op, f"{e.nbytes:,}"])
+                         for e in sorted(recorded, key=lambda e: e.start) if e.rank == rank],
+                        name="communication (recorder: call to wait)", group="recorded",
+                        first=first, line=white, opacity=0.45, hover=comm_hover)
     fig.update_layout(title=title, barmode="overlay", height=140 + 45 * len(rows),
                       xaxis_title="time since the step's first event (ms)",
                       yaxis=dict(categoryorder="array", categoryarray=rows[::-1]),

@@ -61,8 +61,9 @@ def roofline_figure(roofs: Sequence[Roof], points: Sequence[Mapping] = (), *,
                     title: str = "roofline", intensity_range: tuple[float, float] = (0.1, 1e3)
                     ) -> go.Figure:
     """Roofs as lines (ridge points marked) and ``points`` as markers. A point is a mapping
-    with ``label``, ``intensity`` (FLOP/B) and ``flops`` (FLOP/s), optionally ``lo`` / ``hi``
-    (its spread, FLOP/s), ``group`` (legend entry and colour) and ``symbol``."""
+    with ``label`` (written beside it; hover only when ``show_label`` is False), ``intensity``
+    (FLOP/B) and ``flops`` (FLOP/s), optionally ``lo`` / ``hi`` (its spread, FLOP/s),
+    ``group`` (legend entry and colour), ``symbol`` and ``show_label``."""
     if not roofs:
         raise ValueError("roofline_figure: pass at least one Roof")
     lo, hi = intensity_range
@@ -88,16 +89,18 @@ def roofline_figure(roofs: Sequence[Roof], points: Sequence[Mapping] = (), *,
         hi_err = [p.get("hi", p["flops"]) - p["flops"] for p in pts]
         fig.add_trace(go.Scatter(
             x=[p["intensity"] for p in pts], y=[p["flops"] for p in pts], mode="markers+text",
-            text=[str(p["label"]) for p in pts], textposition="top center",
+            text=[str(p["label"]) if p.get("show_label", True) else "" for p in pts],
+            hovertext=[str(p["label"]) for p in pts], textposition="top center",
             marker=dict(color=_POINT_COLORS.get(g, "#333333"), size=10,
                         symbol=[p.get("symbol", "circle") for p in pts],
                         line=dict(color="black", width=1)),
             error_y=dict(type="data", array=hi_err, arrayminus=lo_err, visible=True),
-            name=g, hovertemplate=f"{g} %{{text}}<br>I = %{{x:.3g}} FLOP/B<br>"
+            name=g, hovertemplate=f"{g} %{{hovertext}}<br>I = %{{x:.3g}} FLOP/B<br>"
                                   "%{y:.3s}FLOP/s<extra></extra>"))
     fig.update_layout(title=title, height=460, legend=dict(orientation="h", y=-0.2),
                       xaxis=dict(type="log", title="arithmetic intensity (FLOP per byte)"),
-                      yaxis=dict(type="log", title="FLOP/s"), margin=dict(t=60, b=40))
+                      yaxis=dict(type="log", title="FLOP/s", exponentformat="SI"),
+                      margin=dict(t=60, b=40))
     return fig
 
 
@@ -110,9 +113,8 @@ def roofline_view(*, layer: str, micro_batch: int, seq_len: int, bytes_per_eleme
     for a linear layer, the micro-batch where it reaches the ridge)."""
     k = layer_kernel(layer, cfg, micro_batch, seq_len=seq_len, bytes_per_element=bytes_per_element)
     roofs = [here, *others]
-    points = [{"label": r.name.split(",")[0].split(" (")[0], "intensity": k.intensity,
-               "flops": r.attainable(k.intensity), "group": layer, "symbol": "x"}
-              for r in roofs]
+    points = [{"label": r.name, "intensity": k.intensity, "flops": r.attainable(k.intensity),
+               "group": layer, "symbol": "x", "show_label": False} for r in roofs]
     fig = roofline_figure(roofs, points, title=f"{layer}, micro-batch {micro_batch}, s = "
                           f"{seq_len}, {bytes_per_element} bytes per element: "
                           f"{k.intensity:.3g} FLOP/B")
@@ -134,18 +136,21 @@ def roofline_view(*, layer: str, micro_batch: int, seq_len: int, bytes_per_eleme
 
 
 def mfu_bound_figure(cfg: GPTConfig, micro_batches: Sequence[int], roofs: Sequence[Roof], *,
-                     bytes_per_element: int = 4,
+                     bytes_per_element: int | Mapping[str, int] = 4,
                      measured: Mapping[str, Mapping[int, float]] | None = None,
                      title: str = "the best MFU the roofline allows one block") -> go.Figure:
     """`mfu_bound` of `gpt_block_kernels(cfg, b)` per micro-batch b and roof (lines), with
-    ``measured`` MFU series (name → {micro-batch: MFU}) as markers."""
+    ``measured`` MFU series (name → {micro-batch: MFU}) as markers. ``bytes_per_element``: one
+    for all roofs, or per roof name (the precision its peak is quoted for; default 4)."""
     fig = go.Figure()
     for i, roof in enumerate(roofs):
-        ys = [mfu_bound(gpt_block_kernels(cfg, b, bytes_per_element=bytes_per_element), roof)
+        e = (bytes_per_element.get(roof.name, 4) if isinstance(bytes_per_element, Mapping)
+             else bytes_per_element)
+        ys = [mfu_bound(gpt_block_kernels(cfg, b, bytes_per_element=e), roof)
               for b in micro_batches]
         fig.add_trace(go.Scatter(x=list(micro_batches), y=ys, mode="lines+markers",
                                  line=dict(color=_ROOF_COLORS[i % len(_ROOF_COLORS)]),
-                                 name=f"bound: {roof.name}"))
+                                 name=f"bound: {roof.name} ({8 * e}-bit)"))
     for j, (name, series) in enumerate((measured or {}).items()):
         fig.add_trace(go.Scatter(x=list(series), y=list(series.values()), mode="markers",
                                  marker=dict(size=11, symbol=("star", "circle-open")[j % 2],
