@@ -1,0 +1,190 @@
+"""Time of offloading: an offloaded optimizer step chunk by chunk (α-β per tier), and the
+efficiency of a whole offloaded iteration (ZeRO-Infinity's bandwidth analysis).
+
+**One step of `toolkit.offload.OffloadOptimizer`.** Chunk k of n_k elements with s_in bytes of
+state per element to read and s_out to write; each tier is an α-β link per direction (lesson 03:
+a transfer of n bytes takes α + n·β), the update an α-β line in elements:
+
+    read_k = α_r + s_in·n_k·β_r     update_k = α_u + n_k·β_u     write_k = α_w + s_out·n_k·β_w
+
+Without prefetch the step is Σ (read_k + update_k + write_k). With prefetch one I/O thread does
+reads and writes first in, first out, in the optimizer's order (read 1, read 2, write 1, read 3,
+write 2, ...) while the main thread updates; `step_time` replays that order exactly, so for
+equal chunks the step is ≈ read + m·max(update, read + write) + write: bound by the I/O or by
+the updates, whichever is slower, not by their sum.
+
+**A whole iteration (ZeRO-Infinity, Rajbhandari et al., SC 2021, §4).** Per GPU, with batch b
+and sequence s, an iteration computes 2·4·12·b·s·L·h² = 8·b·s·Ψ FLOPs (forward, backward and a
+recomputed forward). Its arithmetic intensity (FLOPs per byte moved) is b·s for parameters and
+gradients (8Ψ bytes: fp16 parameters loaded three times, gradients written once) and b·s/4 for
+the optimizer states (32Ψ: 16 bytes per parameter read and written), and the efficiency with
+bandwidth bw and peak throughput peak_tp is
+
+    efficiency = ait·bw / (ait·bw + peak_tp)      (compute and transfer not overlapped)
+
+Figure 3 and §4.2 read it at peak_tp = 70 TFLOP/s, s = 1024: over 70 GB/s keeps parameters and
+gradients above 50 % efficiency at b = 1, and the optimizer states need ~1.5 TB/s for 90 % at
+b = 2, far beyond PCIe; hence ZeRO-Offload updates on the CPU, where the states are (§3 of
+Ren et al., USENIX ATC 2021: 4Ψ cross PCIe per step instead).
+
+Published link speeds (`PUBLISHED`) carry their sources. Pure functions: numbers in, numbers out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..arguments import check_int, check_positive
+from .models import AlphaBeta
+
+
+@dataclass(frozen=True)
+class Span:
+    """One piece of work in an offloaded step: measured (`toolkit.offload`) or modelled."""
+
+    lane: str
+    """``"main"`` (the thread that steps) or ``"io"`` (the prefetching thread)."""
+    kind: str
+    """``"read"``, ``"update"``, ``"write"``, or ``"wait"`` (main thread waiting for a read)."""
+    chunk: int
+    start: float
+    """Seconds (`time.perf_counter()` when measured, from 0 when modelled)."""
+    end: float
+
+
+@dataclass(frozen=True)
+class TierLink:
+    """A tier as the device sees it: the α-β line of reading from it and of writing to it."""
+
+    name: str
+    read: AlphaBeta
+    write: AlphaBeta
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """A modelled step: total seconds, the time of each kind of work, and every span."""
+
+    seconds: float
+    read: float
+    update: float
+    write: float
+    spans: list[Span]
+
+
+def _time(link: AlphaBeta, amount: float) -> float:
+    return link.alpha + amount * link.beta if amount > 0 else 0.0
+
+
+def step_time(chunks: Sequence[int], *, tier: TierLink, update: AlphaBeta, read_bytes: float,
+              write_bytes: float, prefetch: bool = True) -> StepTime:
+    """Seconds of one offloaded step over `chunks` (elements per chunk), reading `read_bytes`
+    and writing `write_bytes` of state per element (0 reads on a first step), the update
+    taking `update.alpha + n·update.beta` per chunk of n elements (module docstring)."""
+    for n in chunks:
+        check_int("step_time", "chunks[i]", n)
+    if read_bytes < 0 or write_bytes < 0:
+        raise ValueError(f"step_time: read_bytes and write_bytes must be >= 0 bytes per element, "
+                         f"got {read_bytes!r}, {write_bytes!r}")
+    r = [_time(tier.read, read_bytes * n) for n in chunks]
+    u = [_time(update, n) for n in chunks]
+    w = [_time(tier.write, write_bytes * n) for n in chunks]
+    spans: list[Span] = []
+    if not prefetch or len(chunks) < 2:
+        t = 0.0
+        for k in range(len(chunks)):
+            for kind, d in (("read", r[k]), ("update", u[k]), ("write", w[k])):
+                spans.append(Span("main", kind, k, t, t + d))
+                t += d
+        return StepTime(t, sum(r), sum(u), sum(w), spans)
+    io_free = 0.0
+    ends: dict[int, float] = {}
+
+    def io(kind: str, k: int, submitted: float, seconds: float) -> float:
+        nonlocal io_free
+        start = max(submitted, io_free)
+        io_free = start + seconds
+        spans.append(Span("io", kind, k, start, io_free))
+        return io_free
+
+    ends[0] = io("read", 0, 0.0, r[0])
+    main = 0.0
+    for k in range(len(chunks)):
+        if k + 1 < len(chunks):  # queued behind chunk k-1's write, as the optimizer does
+            ends[k + 1] = io("read", k + 1, main, r[k + 1])
+        if ends[k] > main:
+            spans.append(Span("main", "wait", k, main, ends[k]))
+        start = max(main, ends[k])
+        main = start + u[k]
+        spans.append(Span("main", "update", k, start, main))
+        io("write", k, main, w[k])
+    return StepTime(max(main, io_free), sum(r), sum(u), sum(w), spans)
+
+
+def iteration_flops(num_params: float, tokens: float) -> float:
+    """8·Ψ·tokens: forward 2, backward 4 and a recomputed forward 2 FLOPs per parameter and
+    token (ZeRO-Infinity §4.1, 2·4·12·b·s·L·h² with Ψ = 12·L·h²)."""
+    return 8.0 * num_params * tokens
+
+
+INTENSITY_DIVISOR = {"params_grads": 1.0, "optimizer": 4.0}
+"""ZeRO-Infinity §4.1: arithmetic intensity = b·s / divisor (bytes moved 8Ψ and 32Ψ)."""
+BYTES_MOVED = {"params_grads": 8.0, "optimizer": 32.0}
+"""Bytes moved per parameter per iteration (ZeRO-Infinity §4.1; product with the intensity is
+the 8·b·s FLOPs per parameter)."""
+
+
+def arithmetic_intensity(kind: str, *, tokens: float) -> float:
+    """FLOPs per byte moved for `kind` ("params_grads" or "optimizer") at `tokens` = b·s."""
+    if kind not in INTENSITY_DIVISOR:
+        raise ValueError(f"arithmetic_intensity: kind must be one of {list(INTENSITY_DIVISOR)}, "
+                         f"got {kind!r}")
+    check_positive("arithmetic_intensity", "tokens", tokens)
+    return tokens / INTENSITY_DIVISOR[kind]
+
+
+def efficiency(ait: float, bandwidth: float, peak_flops: float) -> float:
+    """ZeRO-Infinity §4.1: ait·bw / (ait·bw + peak_tp), compute and transfer in sequence."""
+    check_positive("efficiency", "ait", ait)
+    check_positive("efficiency", "peak_flops", peak_flops)
+    if not bandwidth >= 0:
+        raise ValueError(f"efficiency: bandwidth must be >= 0 bytes/s, got {bandwidth!r}")
+    return ait * bandwidth / (ait * bandwidth + peak_flops)
+
+
+def bandwidth_needed(target: float, ait: float, peak_flops: float) -> float:
+    """The bandwidth at which `efficiency` reaches `target` (0 < target < 1)."""
+    if not 0 < target < 1:
+        raise ValueError(f"bandwidth_needed: target must be in (0, 1), got {target!r}")
+    return target * peak_flops / (ait * (1 - target))
+
+
+@dataclass(frozen=True)
+class Published:
+    """A published peak bandwidth and where it comes from."""
+
+    link: str
+    bytes_per_s: float
+    source: str
+
+
+PUBLISHED = (
+    Published("H100 SXM HBM3", 3.35e12, "NVIDIA H100 Tensor Core GPU datasheet"),
+    Published("A100 80GB SXM HBM2e", 2.039e12, "NVIDIA A100 Tensor Core GPU datasheet"),
+    Published("V100 SXM2 HBM2", 900e9, "NVIDIA V100 Tensor Core GPU datasheet"),
+    Published("NVLink 4 (H100, all links, both ways)", 900e9, "NVIDIA H100 datasheet"),
+    Published("PCIe 5.0 x16, one way", 63.0e9, "PCI-SIG: 32 GT/s × 16 lanes, 128b/130b"),
+    Published("PCIe 4.0 x16, one way", 31.5e9, "PCI-SIG: 16 GT/s × 16 lanes, 128b/130b"),
+    Published("PCIe 3.0 x16, one way", 15.75e9, "PCI-SIG: 8 GT/s × 16 lanes, 128b/130b"),
+    Published("NVMe SSD, PCIe 4.0 x4, sequential read", 7.45e9,
+              "Samsung 990 PRO datasheet (7,450 MB/s)"),
+    Published("NVMe SSD, PCIe 4.0 x4, sequential write", 6.9e9,
+              "Samsung 990 PRO datasheet (6,900 MB/s)"),
+)
+"""Peak link speeds, fastest first, each with its source (decimal GB/s)."""
+
+
+__all__ = ["BYTES_MOVED", "INTENSITY_DIVISOR", "PUBLISHED", "Published", "Span", "StepTime",
+           "TierLink", "arithmetic_intensity", "bandwidth_needed", "efficiency",
+           "iteration_flops", "step_time"]
