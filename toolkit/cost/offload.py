@@ -122,6 +122,20 @@ def step_time(chunks: Sequence[int], *, tier: TierLink, update: AlphaBeta, read_
     return StepTime(max(main, io_free), sum(r), sum(u), sum(w), spans)
 
 
+def step_bytes(numel: int, *, state_bytes: float, master_bytes: float = 0,
+               first: bool = False) -> tuple[float, float]:
+    """(bytes read, bytes written) by one offloaded step over `numel` elements with
+    `state_bytes` of optimizer state per element (fp32 Adam 8, SGD with momentum 4) and
+    `master_bytes` of master weights (4 with fp32 masters): each state is read and written once;
+    the `first` step reads only the master weights (the optimizer makes its states then)."""
+    check_int("step_bytes", "numel", numel, low=0)
+    if state_bytes < 0 or master_bytes < 0:
+        raise ValueError(f"step_bytes: state_bytes and master_bytes must be >= 0, got "
+                         f"{state_bytes!r}, {master_bytes!r}")
+    read = numel * (master_bytes + (0 if first else state_bytes))
+    return read, numel * (master_bytes + state_bytes)
+
+
 def iteration_flops(num_params: float, tokens: float) -> float:
     """8·Ψ·tokens: forward 2, backward 4 and a recomputed forward 2 FLOPs per parameter and
     token (ZeRO-Infinity §4.1, 2·4·12·b·s·L·h² with Ψ = 12·L·h²)."""
@@ -187,4 +201,4 @@ PUBLISHED = (
 
 __all__ = ["BYTES_MOVED", "INTENSITY_DIVISOR", "PUBLISHED", "Published", "Span", "StepTime",
            "TierLink", "arithmetic_intensity", "bandwidth_needed", "efficiency",
-           "iteration_flops", "step_time"]
+           "iteration_flops", "step_bytes", "step_time"]

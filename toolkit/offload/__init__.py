@@ -8,14 +8,15 @@ memory-mapped file, and streamed through the device chunk by chunk during the st
     ShardedOptimizer(model.parameters(), offloaded(torch.optim.Adam, tier="cpu"), stage=2)
 
 `store` holds the tiers (`HostStore`: CPU memory, pinned on a GPU machine; `FileStore`: a
-memory-mapped file, the NVMe tier); `optimizer` the step that reads, updates and writes back
+memory-mapped file, the NVMe tier; `ThrottledStore`: either behind an emulated link);
+`optimizer` the step that reads, updates and writes back
 each chunk, with a prefetching I/O thread. ZeRO-Offload (Ren et al., USENIX ATC 2021) and
 ZeRO-Infinity (Rajbhandari et al., SC 2021); the bytes per tier are in `toolkit.memory.offload`,
 the step-time model in `toolkit.cost.offload`, runs on ranks in `toolkit.experiments.offload`.
 """
 
 from .optimizer import MASTER, OffloadOptimizer, Span, StepStats, offloaded
-from .store import TIERS, FileStore, HostStore, Store, host_tensor, make_store
+from .store import TIERS, FileStore, HostStore, Store, ThrottledStore, host_tensor, make_store
 
 __all__ = ["MASTER", "TIERS", "FileStore", "HostStore", "OffloadOptimizer", "Span", "StepStats",
-           "Store", "host_tensor", "make_store", "offloaded"]
+           "Store", "ThrottledStore", "host_tensor", "make_store", "offloaded"]

@@ -35,6 +35,7 @@ import mmap
 import os
 import shutil
 import tempfile
+import time
 import weakref
 from abc import ABC, abstractmethod
 
@@ -183,9 +184,12 @@ class FileStore(Store):
         page = mmap.PAGESIZE
         a = lo * size // page * page                       # msync and madvise take whole pages
         b = min(len(mapping), -(-hi * size // page) * page)
-        mapping.flush(a, b - a)                            # write the pages to the disk, now
-        mapping.madvise(mmap.MADV_DONTNEED, a, b - a)      # unmap them from this process
-        os.posix_fadvise(fd, a, b - a, os.POSIX_FADV_DONTNEED)  # and evict the clean pages
+        # To the disk now: fdatasync, not mmap.flush (msync), which holds the GIL while it waits
+        # and would stall the thread that updates. Linux writes back the pages dirtied through
+        # the mapping too, and only this slice's are dirty (every write is flushed).
+        os.fdatasync(fd)
+        mapping.madvise(mmap.MADV_DONTNEED, a, b - a)      # unmap the pages from this process
+        os.posix_fadvise(fd, a, b - a, os.POSIX_FADV_DONTNEED)  # and evict them, now clean
 
     def close(self) -> None:
         self._tensors.clear()  # the tensors' buffer exports end here, so the maps can close
@@ -199,6 +203,47 @@ class FileStore(Store):
         self._cleanup()
 
 
+class ThrottledStore(Store):
+    """Another store behind an emulated link: every read or write of n bytes takes at least
+    `latency` + n / `bandwidth` seconds, the rest of it slept. Sleeping leaves the CPU to the
+    thread that updates, as a copy engine (DMA) or a disk does on a real machine, so the overlap
+    of a prefetching step shows on any CPU however loaded (as `toolkit.pipeline.Delay` does for
+    pipeline stages). The bytes, the memory and the files are `inner`'s."""
+
+    def __init__(self, inner: Store, *, latency: float, bandwidth: float) -> None:
+        super().__init__()
+        if not (latency >= 0 and bandwidth > 0):
+            raise ValueError(f"ThrottledStore: need latency >= 0 s and bandwidth > 0 bytes/s, "
+                             f"got latency={latency!r}, bandwidth={bandwidth!r}")
+        self.inner, self.latency, self.bandwidth = inner, latency, bandwidth
+        self.tier = inner.tier
+        self._tensors = inner._tensors  # one set of tensors: allocated, read and freed by inner
+
+    def _make(self, name: str, numel: int, dtype: torch.dtype) -> Tensor:
+        return self.inner._make(name, numel, dtype)
+
+    def _wait(self, start: float, nbytes: int) -> None:
+        left = start + self.latency + nbytes / self.bandwidth - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+
+    def read(self, name: str, lo: int, hi: int, out: Tensor) -> None:
+        start, before = time.perf_counter(), self.bytes_read
+        super().read(name, lo, hi, out)
+        self._wait(start, self.bytes_read - before)
+
+    def write(self, name: str, lo: int, hi: int, src: Tensor) -> None:
+        start, before = time.perf_counter(), self.bytes_written
+        super().write(name, lo, hi, src)
+        self._wait(start, self.bytes_written - before)
+
+    def _written(self, name: str, lo: int, hi: int) -> None:
+        self.inner._written(name, lo, hi)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def make_store(tier: str, *, folder: str | os.PathLike | None = None, pin: bool = False,
                cold: bool = False) -> Store:
     """A store for `tier` ("cpu": `HostStore(pin=pin)`, "nvme": `FileStore(folder, cold=cold)`)."""
@@ -209,4 +254,5 @@ def make_store(tier: str, *, folder: str | os.PathLike | None = None, pin: bool 
     raise ValueError(f"make_store: tier must be one of {TIERS}, got {tier!r}")
 
 
-__all__ = ["TIERS", "FileStore", "HostStore", "Store", "host_tensor", "make_store"]
+__all__ = ["TIERS", "FileStore", "HostStore", "Store", "ThrottledStore", "host_tensor",
+           "make_store"]
