@@ -182,7 +182,7 @@ def test_file_store_files_hold_the_states_and_go_away():
         assert not os.path.exists(folder) and os.listdir(parent) == []
 
 
-def test_default_folder_is_removed_when_the_optimizer_is_collected():
+def test_file_store_close_removes_its_default_folder():
     store = FileStore()
     store.allocate("x", 10, torch.float32)
     folder = store.folder

@@ -175,6 +175,61 @@ def bandwidth_needed(target: float, ait: float, peak_flops: float) -> float:
 
 
 @dataclass(frozen=True)
+class IterationTime:
+    """Seconds per iteration on each resource of an offloaded GPU, and the step time when they
+    run one after the other (the paper's efficiency) or all at once (perfect overlap)."""
+
+    compute: float
+    pcie: float
+    host: float
+    nvme: float
+
+    @property
+    def serial(self) -> float:
+        return self.compute + self.pcie + self.host + self.nvme
+
+    @property
+    def overlapped(self) -> float:
+        return max(self.compute, self.pcie, self.host, self.nvme)
+
+
+TIER_NAMES = ("gpu", "cpu", "nvme")
+
+
+def iteration_time(num_params: float, *, tokens: float, n_d: int = 1, params_tier: str = "gpu",
+                   optimizer_tier: str = "gpu", peak_flops: float, pcie: float, host: float,
+                   nvme: float) -> IterationTime:
+    """One iteration of one GPU that holds `tokens` = b·s, with parameters (and gradients) in
+    `params_tier` and optimizer states in `optimizer_tier`, each rank owning 1/`n_d` of them;
+    bandwidths per GPU in bytes/s. Counts of ZeRO-Infinity §4.1 per parameter: 8 FLOPs per
+    token; parameters and gradients 8 bytes (fp16, fetched three times, gradients once); the
+    update reads and writes 32 bytes where the states live, on the CPU (ZeRO-Offload's CPU
+    Adam; NVMe states stream through it). States off the GPU with parameters on it
+    (ZeRO-Offload): 4 bytes cross PCIe (fp16 gradients down, parameters up)."""
+    for name, tier in (("params_tier", params_tier), ("optimizer_tier", optimizer_tier)):
+        if tier not in TIER_NAMES:
+            raise ValueError(f"iteration_time: {name} must be one of {TIER_NAMES}, got {tier!r}")
+    check_int("iteration_time", "n_d", n_d)
+    for name, value in (("peak_flops", peak_flops), ("pcie", pcie), ("host", host),
+                        ("nvme", nvme), ("tokens", tokens)):
+        check_positive("iteration_time", name, value)
+    share = num_params / n_d  # parameters whose states this rank keeps and updates
+    pcie_bytes = nvme_bytes = host_bytes = 0.0
+    if params_tier != "gpu":
+        pcie_bytes += BYTES_MOVED["params_grads"] * share
+    elif optimizer_tier != "gpu":
+        pcie_bytes += 4 * share
+    if params_tier == "nvme":
+        nvme_bytes += BYTES_MOVED["params_grads"] * share
+    if optimizer_tier != "gpu":
+        host_bytes += BYTES_MOVED["optimizer"] * share
+    if optimizer_tier == "nvme":
+        nvme_bytes += BYTES_MOVED["optimizer"] * share
+    return IterationTime(iteration_flops(num_params, tokens) / peak_flops, pcie_bytes / pcie,
+                         host_bytes / host, nvme_bytes / nvme)
+
+
+@dataclass(frozen=True)
 class Published:
     """A published peak bandwidth and where it comes from."""
 
@@ -199,6 +254,7 @@ PUBLISHED = (
 """Peak link speeds, fastest first, each with its source (decimal GB/s)."""
 
 
-__all__ = ["BYTES_MOVED", "INTENSITY_DIVISOR", "PUBLISHED", "Published", "Span", "StepTime",
-           "TierLink", "arithmetic_intensity", "bandwidth_needed", "efficiency",
-           "iteration_flops", "step_bytes", "step_time"]
+__all__ = ["BYTES_MOVED", "INTENSITY_DIVISOR", "PUBLISHED", "TIER_NAMES", "IterationTime",
+           "Published", "Span", "StepTime", "TierLink", "arithmetic_intensity",
+           "bandwidth_needed", "efficiency", "iteration_flops", "iteration_time", "step_bytes",
+           "step_time"]
