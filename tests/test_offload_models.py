@@ -133,6 +133,12 @@ def test_step_time_serial_is_the_sum():
     w = sum(2e-4 + 8 * n * 2e-9 for n in chunks)
     assert math.isclose(t.seconds, r + u + w) and math.isclose(t.read, r)
     assert [s.kind for s in t.spans] == ["read", "update", "write"] * 3
+    two = step_time(chunks, tier=LINK, update=AlphaBeta(1e-4, 1e-8), read_bytes=8,
+                    write_bytes=8, tensors=2, prefetch=False)  # Adam: two states, two copies
+    assert math.isclose(two.read, r + 3 * 1e-4) and math.isclose(two.write, w + 3 * 2e-4)
+    with pytest.raises(ValueError, match="tensors"):
+        step_time(chunks, tier=LINK, update=AlphaBeta(1e-4, 1e-8), read_bytes=8,
+                  write_bytes=8, tensors=0)
 
 
 def test_step_time_prefetch_bounds_and_compute_bound_closed_form():

@@ -5,7 +5,9 @@ efficiency of a whole offloaded iteration (ZeRO-Infinity's bandwidth analysis).
 state per element to read and s_out to write; each tier is an α-β link per direction (lesson 03:
 a transfer of n bytes takes α + n·β), the update an α-β line in elements:
 
-    read_k = α_r + s_in·n_k·β_r     update_k = α_u + n_k·β_u     write_k = α_w + s_out·n_k·β_w
+    read_k = c·α_r + s_in·n_k·β_r     update_k = α_u + n_k·β_u     write_k = c·α_w + s_out·n_k·β_w
+
+with c the tensors moved per chunk (one transfer each: Adam's two states, plus master weights).
 
 Without prefetch the step is Σ (read_k + update_k + write_k). With prefetch one I/O thread does
 reads and writes first in, first out, in the optimizer's order (read 1, read 2, write 1, read 3,
@@ -73,23 +75,25 @@ class StepTime:
     spans: list[Span]
 
 
-def _time(link: AlphaBeta, amount: float) -> float:
-    return link.alpha + amount * link.beta if amount > 0 else 0.0
+def _time(link: AlphaBeta, amount: float, calls: int = 1) -> float:
+    return calls * link.alpha + amount * link.beta if amount > 0 else 0.0
 
 
 def step_time(chunks: Sequence[int], *, tier: TierLink, update: AlphaBeta, read_bytes: float,
-              write_bytes: float, prefetch: bool = True) -> StepTime:
+              write_bytes: float, tensors: int = 1, prefetch: bool = True) -> StepTime:
     """Seconds of one offloaded step over `chunks` (elements per chunk), reading `read_bytes`
-    and writing `write_bytes` of state per element (0 reads on a first step), the update
-    taking `update.alpha + n·update.beta` per chunk of n elements (module docstring)."""
+    and writing `write_bytes` of state per element (0 reads on a first step) in `tensors`
+    transfers per chunk each way, the update taking `update.alpha + n·update.beta` per chunk of
+    n elements (module docstring)."""
     for n in chunks:
         check_int("step_time", "chunks[i]", n)
+    check_int("step_time", "tensors", tensors)
     if read_bytes < 0 or write_bytes < 0:
         raise ValueError(f"step_time: read_bytes and write_bytes must be >= 0 bytes per element, "
                          f"got {read_bytes!r}, {write_bytes!r}")
-    r = [_time(tier.read, read_bytes * n) for n in chunks]
+    r = [_time(tier.read, read_bytes * n, tensors) for n in chunks]
     u = [_time(update, n) for n in chunks]
-    w = [_time(tier.write, write_bytes * n) for n in chunks]
+    w = [_time(tier.write, write_bytes * n, tensors) for n in chunks]
     spans: list[Span] = []
     if not prefetch or len(chunks) < 2:
         t = 0.0
