@@ -265,6 +265,8 @@ def test_each_zero2_rank_offloads_its_shard(world_size, tier):
             assert r["file_bytes"] == {"exp_avg": 4 * shard, "exp_avg_sq": 4 * shard}
         assert r["held_offloaded"].optimizer == 0
         assert r["held_in_memory"].optimizer == 8 * shard
+        # Offload moves states between tiers, not between ranks: the same collectives, bytes.
+        assert r["sent_offloaded"] == r["sent_in_memory"] and r["sent_offloaded"]
     # ... and it trains like one process on the whole batch, up to float rounding.
     ref = TinyMLP(**mlp)
     opt = torch.optim.Adam(ref.parameters(), lr=1e-2)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import comm
 from ..cost import AlphaBeta, Sample, fit_alpha_beta
 from ..cost.offload import TierLink
 from ..data_parallel.zero import ShardedOptimizer
@@ -186,11 +187,15 @@ def _sharded_rank(rank: int, world_size: int, folder: str, mlp: dict, steps: int
         models.append(model)
         opts.append(ShardedOptimizer(model.parameters(), make, stage=2, lr=lr))
     stats = []
+    sent: list[dict[str, int]] = [{}, {}]  # op → bytes this rank passed to it, per model
     for _ in range(steps):
-        for model, opt in zip(models, opts):
-            opt.zero_grad()
-            F.mse_loss(model(x), y).backward()
-            opt.step()
+        for model, opt, mine in zip(models, opts, sent):
+            with comm.recording() as trace:
+                opt.zero_grad()
+                F.mse_loss(model(x), y).backward()
+                opt.step()
+            for e in trace.events:
+                mine[e.op] = mine.get(e.op, 0) + e.nbytes
         stats.append(opts[0].optim.last_step)
     inner: OffloadOptimizer = opts[0].optim
     out = dict(rank=rank, shard_numel=opts[0].flats[0].shard_numel,
@@ -198,6 +203,7 @@ def _sharded_rank(rank: int, world_size: int, folder: str, mlp: dict, steps: int
                tier_bytes=inner.store.nbytes, device_buffer_bytes=inner.device_bytes,
                held_offloaded=held_model_states(models[0], opts[0]),
                held_in_memory=held_model_states(models[1], opts[1]),
+               sent_offloaded=sent[0], sent_in_memory=sent[1],
                equal=all(torch.equal(a, b) for a, b in zip(*(m.parameters() for m in models))),
                params=[p.detach().cpu().clone() for p in models[0].parameters()])
     if tier == "nvme":
@@ -212,8 +218,9 @@ def run_sharded(world_size: int, *, mlp: dict | None = None, steps: int = 3, tie
     """ZeRO-2 (`ShardedOptimizer`, stage 2) on `world_size` ranks with each rank's shard of Adam
     offloaded to `tier`, beside the same with in-memory Adam on the same data. Per rank: shard
     size, chunk sizes, each step's `StepStats`, bytes in the tier (and its files), the states
-    held on the device (`held_model_states`) for both, whether their parameters are bitwise
-    equal, and the offloaded model's final parameters."""
+    held on the device (`held_model_states`) and the bytes passed to each collective over all
+    steps (recorded: op → bytes) for both, whether their parameters are bitwise equal, and the
+    offloaded model's final parameters."""
     mlp = mlp or dict(d_in=16, d_hidden=64, d_out=5, depth=2)
     with tempfile.TemporaryDirectory(prefix="offload-ranks-") as folder:
         return spawn(_sharded_rank, world_size, folder, mlp, steps, tier, chunk_numel, prefetch,
