@@ -51,6 +51,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         "generator gives others); moved to `device=` before returning",
     ("toolkit/models.py", "make_token_data"):
         "seeded draw from a CPU torch.Generator, as make_regression_data; moved to `device=`",
+    ("toolkit/pipeline/token_layers.py", "SlicedAttention.__init__"):
+        "seeded draw from a CPU torch.Generator, bitwise the same weights on every rank and "
+        "device (as the tiny models); moved to `device=` at once",
     ("toolkit/tensor_parallel/layers.py", "_dense_init"):
         "the full dense weight from a CPU generator, bitwise the same on every rank and device "
         "(Megatron's CPU initialisation); each rank copies its slice onto its parameter's device",
