@@ -15,10 +15,9 @@ Files go to a private temporary folder that is removed before returning, whateve
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -35,6 +34,9 @@ from ..launch import spawn
 from ..memory.measured import held_model_states
 from ..models import TinyMLP, make_regression_data
 from ..offload import OffloadOptimizer, StepStats, ThrottledStore, make_store, offloaded
+# One intra-op thread while timing: a copy split over threads waits for the slowest, and on a
+# loaded 2-core machine a descheduled thread adds a time slice (ms) to a transfer of µs.
+from .roofline import one_thread
 
 TIER_CASES = ("cpu", "nvme", "nvme cold")
 """Tiers measured by `measure_tiers` (module docstring)."""
@@ -42,20 +44,6 @@ BATCH = 24
 """Samples per step in `run_sharded`, split evenly over 1, 2, 3 or 4 ranks."""
 SIZES = (1 << 18, 1 << 20, 1 << 22)
 """Default transfer sizes, bytes: 256 KiB, 1 MiB, 4 MiB."""
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """torch on one intra-op thread for the duration (restored after). A copy or an update
-    split over threads waits for the slowest, and on a loaded 2-core machine a descheduled
-    thread adds a whole time slice (milliseconds) to a transfer of microseconds; the
-    prefetching step runs two threads of its own anyway."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _store(case: str, folder: str | None):
