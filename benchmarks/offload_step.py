@@ -9,6 +9,9 @@ moment of the machine falls on both. Printed per (tier, prefetch):
 
     bytes read / written per step     measured by the store, and toolkit.cost.offload.step_bytes
     step time                         median [q25-q75] over the steps after the first
+    CPU time                          median process CPU time of those steps (both threads): on a
+                                      machine loaded past its cores the wall time is mostly
+                                      waiting for a core, the CPU time is not
     model                             toolkit.cost.offload.step_time, from the α-β of each tier
                                       (measure_tiers at the chunk's size and below) and of the
                                       update (measure_update: chunks where they really run)
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -46,12 +50,14 @@ def _stores(case: str, folder: str, link: AlphaBeta):
     return store
 
 
-def run_case(case: str, args: argparse.Namespace, link: AlphaBeta) -> dict[bool, list]:
-    """Steps of prefetch off and on, taking turns; each one's `StepStats`."""
+def run_case(case: str, args: argparse.Namespace, link: AlphaBeta
+             ) -> tuple[dict[bool, list], dict[bool, list[float]]]:
+    """Steps of prefetch off and on, taking turns; each one's `StepStats` and CPU seconds."""
     gen = torch.Generator().manual_seed(0)
     start = torch.randn(args.numel, generator=gen)
     params = {p: nn.Parameter(start.clone()) for p in (False, True)}
     stats: dict[bool, list] = {False: [], True: []}
+    cpu: dict[bool, list[float]] = {False: [], True: []}
     with tempfile.TemporaryDirectory(prefix="offload-bench-") as folder:
         opts = {p: OffloadOptimizer([params[p]], torch.optim.Adam, lr=1e-3, prefetch=p,
                                     chunk_numel=args.chunk, store=_stores(case, folder, link))
@@ -61,13 +67,15 @@ def run_case(case: str, args: argparse.Namespace, link: AlphaBeta) -> dict[bool,
                 grad = torch.randn(args.numel, generator=gen)
                 for p in (False, True):
                     params[p].grad = grad
+                    start = time.process_time()
                     opts[p].step()
+                    cpu[p].append(time.process_time() - start)
                     stats[p].append(opts[p].last_step)
         finally:
             for opt in opts.values():
                 opt.close()
     assert torch.equal(params[False], params[True])  # prefetch changes the time, not the bits
-    return stats
+    return stats, cpu
 
 
 def main() -> None:
@@ -95,11 +103,11 @@ def main() -> None:
           f"{1 / ulink.beta / 1e6:.0f} M elements/s")
     chunks = [min(args.chunk, args.numel - lo) for lo in range(0, args.numel, args.chunk)]
     print(f"\n{'tier':14s} {'prefetch':8s} {'read MB':>8s} {'written MB':>10s} "
-          f"{'= model':>7s} {'step ms: median [q25-q75]':>27s} {'model ms':>9s} "
-          f"{'meas./model':>11s}")
+          f"{'= model':>7s} {'step ms: median [q25-q75]':>27s} {'CPU ms':>7s} {'model ms':>9s} "
+          f"{'meas./model':>11s} {'CPU/model':>9s}")
     with one_thread():
         for case in (*TIER_CASES, EMULATED):
-            stats = run_case(case, args, link)
+            stats, cpu = run_case(case, args, link)
             for prefetch in (False, True):
                 steps = stats[prefetch]
                 want = [step_bytes(args.numel, state_bytes=8, first=i == 0)
@@ -107,12 +115,14 @@ def main() -> None:
                 exact = [(s.bytes_read, s.bytes_written) for s in steps] == want
                 times = np.array([s.seconds for s in steps[1:]]) * 1e3
                 q25, med, q75 = np.percentile(times, [25, 50, 75])
+                cpu_ms = float(np.median(cpu[prefetch][1:])) * 1e3
                 model = step_time(chunks, tier=fits[case], update=ulink, read_bytes=8,
                                   write_bytes=8, tensors=2, prefetch=prefetch).seconds * 1e3
                 print(f"{case:14s} {'on' if prefetch else 'off':8s} "
                       f"{steps[-1].bytes_read / 1e6:8.1f} {steps[-1].bytes_written / 1e6:10.1f} "
                       f"{'yes' if exact else 'NO':>7s} {med:9.1f} [{q25:.1f}-{q75:.1f}]"
-                      f"{'':>5s} {model:9.1f} {med / model:11.2f}")
+                      f"{'':>5s} {cpu_ms:7.1f} {model:9.1f} {med / model:11.2f} "
+                      f"{cpu_ms / model:9.2f}")
 
 
 if __name__ == "__main__":
