@@ -76,6 +76,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("labs/05_tensor_parallel_mlp/harness.py", "_randn"):
         "seeded weights and inputs from a CPU generator, shared with the grader's dense "
         "reference (expected.py); _mine moves a rank's inputs to its device",
+    ("toolkit/offload/store.py", "host_tensor"):
+        "the offload tiers are host memory by definition: a file mapping seen as a tensor, or "
+        "(pinned, with a GPU) host memory that the device copies to and from by DMA",
     ("lessons/12_tensor_parallel.ipynb", "randn"):
         "the lesson's seeded draws, the same on every rank and in the kernel's dense reference; "
         "rank functions move what they use to their device (on_rank)",
