@@ -39,6 +39,7 @@ HOST_ONLY = frozenset({
     "toolkit/cost/bubble.py", "toolkit/pipeline/simulate.py", "toolkit/pipeline/validate.py",
     "toolkit/data_parallel/fsdp_schedule.py", "toolkit/launch/launcher.py",
     "toolkit/launch/diagnose.py", "toolkit/launch/output.py", "toolkit/launch/rankproc.py",
+    "toolkit/formats.py",
 })
 
 # (file, function) -> why that function's factories must make host tensors. Short on purpose:
