@@ -180,8 +180,7 @@ class Layout:
 
     def label(self) -> str:
         """Short text, e.g. "dp4·tp2·pp1 z1 m8" or "dp4·tp1·pp1·ep2 z0 m1" (then " rc" for full
-        recomputation, " sel" for
-        selective, " flash" for flash-style attention)."""
+        recomputation, " sel" for selective, " flash" for flash-style attention)."""
         cp = f"·cp{self.cp}" if self.cp > 1 else ""
         cp += f"·ep{self.ep}" if self.ep > 1 else ""
         rc = _LABEL[self.recompute] + (" flash" if self.attention == "flash" else "")
