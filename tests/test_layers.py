@@ -25,7 +25,7 @@ LAYER = {
     "cost": "models", "memory": "models", "flops": "models", "planner": "models",
     "collectives": "algorithms", "data_parallel": "algorithms", "pipeline": "algorithms",
     "tensor_parallel": "algorithms", "context_parallel": "algorithms",
-    "checkpoint": "algorithms", "recompute": "algorithms",
+    "checkpoint": "algorithms", "recompute": "algorithms", "expert_parallel": "algorithms",
     "experiments": "experiments",
     "viz": "viz",
     "widgets": "widgets",
