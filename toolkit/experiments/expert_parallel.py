@@ -60,10 +60,12 @@ class EPComparison:
 
 
 def _tokens(tokens: Sequence[int], d_model: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # Drawn where the seeded generator lives (the CPU): the same numbers in every rank and in the
+    # parent's reference, whatever device the ranks use; each rank moves its share to device().
     gen = torch.Generator().manual_seed(seed)
     total = sum(tokens)
-    x = torch.randn(total, d_model, generator=gen, dtype=torch.float64, device="cpu")
-    w = torch.randn(total, d_model, generator=gen, dtype=torch.float64, device="cpu")
+    x = torch.randn(total, d_model, generator=gen, dtype=torch.float64, device=gen.device)
+    w = torch.randn(total, d_model, generator=gen, dtype=torch.float64, device=gen.device)
     return x, w
 
 

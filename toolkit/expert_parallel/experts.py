@@ -30,10 +30,12 @@ __all__ = ["Experts", "uniform_"]
 
 @torch.no_grad()
 def uniform_(param: Tensor, fan_in: int, generator: torch.Generator | None = None) -> Tensor:
-    """Fill `param` uniformly in ±1/√fan_in (nn.Linear's default), drawn on the CPU from
-    `generator` so that every rank and device gets the same numbers, then copied over."""
+    """Fill `param` uniformly in ±1/√fan_in (nn.Linear's default), drawn from `generator` on
+    its device (a `torch.Generator()` lives on the CPU, so every rank and device gets the same
+    numbers), then copied over; without a generator, from the default RNG of `param`'s device."""
     bound = 1 / math.sqrt(fan_in)
-    values = torch.rand(param.shape, generator=generator, dtype=torch.float64, device="cpu")
+    source = generator.device if generator is not None else param.device
+    values = torch.rand(param.shape, generator=generator, dtype=torch.float64, device=source)
     return param.copy_((2 * values - 1) * bound)
 
 
