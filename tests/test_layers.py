@@ -27,7 +27,7 @@ LAYER = {
     "collectives": "algorithms", "data_parallel": "algorithms", "pipeline": "algorithms",
     "tensor_parallel": "algorithms", "context_parallel": "algorithms",
     "checkpoint": "algorithms", "recompute": "algorithms", "offload": "algorithms",
-    "precision": "algorithms",
+    "precision": "algorithms", "expert_parallel": "algorithms",
     "experiments": "experiments",
     "viz": "viz",
     "widgets": "widgets",

@@ -21,6 +21,8 @@
     viz.matmul_split("column", p)       # Y = X·A split over p ranks, every block's shape
     viz.tp_time_view(hidden=h, tp=8, tokens=n, bandwidth_gbs=50)  # TP all-reduces vs compute
     viz.recompute_view(model="gpt3-175b", seq_len=2048, batch=1)  # memory vs extra FLOPs
+    viz.expert_loads(load, kept, capacity)   # an MoE router's choices per expert, kept/dropped
+    viz.capacity_view(capacity_factor=1.25, imbalance=1.5)  # dropped, padding, all-to-all bytes
 
 No function here starts processes or holds widgets; `toolkit.widgets` wires sliders to them.
 """
@@ -29,6 +31,7 @@ from .cost import bus_bandwidth, cost_curves, cost_terms, predicted_times, traff
 from .pipeline import gantt, gantt_compare, gantt_memory
 from .planner import memory_time, mesh_grid, predicted_measured, time_bars
 from .data_parallel import computation_graph, training_curves
+from .experts import capacity_view, expert_loads
 from .ddp import overlap_timeline, scaling_figure
 from .memory import measured_vs_predicted, memory_bars, stage_bars
 from .recompute import recompute_tradeoff, recompute_view
@@ -37,9 +40,10 @@ from .ring import ring_animation, ring_table
 from .tensor_parallel import matmul_split, tp_time_view, traffic_bars
 from .timeline import timeline, traffic_matrix
 
-__all__ = ["bus_bandwidth", "computation_graph", "cost_curves", "cost_terms", "gantt",
-           "gantt_compare", "gantt_memory", "matmul_split", "measured_vs_predicted", "memory_bars",
-           "memory_time", "mesh_grid", "overlap_timeline", "predicted_measured",
+__all__ = ["bus_bandwidth", "capacity_view", "computation_graph", "cost_curves", "cost_terms",
+           "expert_loads", "gantt", "gantt_compare", "gantt_memory", "matmul_split",
+           "measured_vs_predicted", "memory_bars", "memory_time", "mesh_grid", "overlap_timeline",
+           "predicted_measured",
            "predicted_times", "recompute_tradeoff", "recompute_view", "regime_curves",
            "slice_speedups", "scaling_figure", "stage_bars", "time_bars", "training_curves",
            "ring_animation", "ring_table", "timeline", "tp_time_view", "traffic_and_rounds",

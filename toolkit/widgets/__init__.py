@@ -8,6 +8,7 @@
     widgets.tp_explorer()                    # lesson 12: TP all-reduces vs compute per link
     widgets.planner_explorer("gpt3-175b", gpus=1024, global_batch=1536)  # lesson 14
     widgets.recompute_explorer("gpt3-175b", seq_len=2048)   # lesson 14: memory vs extra FLOPs
+    widgets.capacity_explorer()              # lesson 13: capacity × imbalance → drops, bytes
 
 One module per explorer (`cost`, `memory`, `pipeline`, ...), each a thin shell: one pure
 function maps slider values to what is shown and is tested without a browser; the explorer is a
@@ -17,6 +18,7 @@ directly.
 """
 
 from .base import SliderExplorer, plotly_bundle, show_in
+from .experts import capacity_explorer
 from .fsdp import FSDPExplorer, fsdp_explorer, fsdp_view
 from .memory import MemoryExplorer, memory_explorer, memory_view
 from .pipeline import PipelineExplorer, pipeline_explorer, pipeline_view
@@ -35,4 +37,4 @@ __all__ = ["ALPHA_US", "BANDWIDTH_GBS", "CostExplorer", "DEFAULT_LINK", "FSDPExp
            "fsdp_explorer",
            "fsdp_view", "memory_explorer", "memory_view", "pipeline_explorer", "pipeline_view",
            "planner_explorer", "planner_view", "plotly_bundle", "recompute_explorer",
-           "schedules_explorer", "schedules_view", "show_in", "tp_explorer"]
+           "schedules_explorer", "schedules_view", "show_in", "capacity_explorer", "tp_explorer"]
