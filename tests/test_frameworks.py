@@ -23,7 +23,7 @@ pytest.importorskip("pytorch_lightning",
 
 from toolkit.data_parallel.sampler import shard_indices  # noqa: E402
 from toolkit.experiments.frameworks import (  # noqa: E402
-    RunResult, TrainConfig, compare, fit_launched, traffic_table)
+    RunResult, TrainConfig, compare, traffic_table)
 from toolkit.frameworks import (  # noqa: E402
     RESPONSIBILITIES, CourseModule, RecorderCallback, read_recorded)
 from toolkit.models import TinyGPT, count_parameters  # noqa: E402
@@ -46,8 +46,9 @@ def op_bytes(result: RunResult, op: str, rank: int = 0) -> int:
 
 @pytest.fixture(scope="module")
 def ddp_runs() -> dict[str, RunResult]:
-    return compare(["lightning_ddp", "lightning_ddp_log", "lightning_ddp_ckpt", "course_ddp",
-                    "course_ddp_split"], config=CONFIG, timeout=180)
+    return compare(["lightning_ddp", "lightning_ddp_log", "lightning_ddp_ckpt",
+                    "lightning_ddp_ranks", "course_ddp", "course_ddp_split"], config=CONFIG,
+                   timeout=180)
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +84,12 @@ def test_the_contiguous_split_of_lesson_04_trains_on_other_batches(ddp_runs):
 def test_the_recorder_sees_lightnings_calls_and_the_kernel_sees_ddps_reducer(ddp_runs):
     lit, course = ddp_runs["lightning_ddp"], ddp_runs["course_ddp"]
     for rank in range(2):
-        # Lightning's own Python calls: a flag broadcast before every step (SIGTERM), the
-        # log directory's broadcast (an object: its size, then its bytes), barriers, and one
-        # all-reduce per length check of the training DataLoader; no gradient all-reduce.
+        # Lightning's own Python calls, from the callback's setup on: a flag broadcast before
+        # every step (SIGTERM), barriers, and one all-reduce per length check of the training
+        # DataLoader; no gradient all-reduce.
         sigterm = [e for e in lit.events if e.rank == rank and e.op == "broadcast"
                    and e.nbytes == 8 and e.shape == (1,)]
-        assert len(sigterm) >= STEPS
+        assert len(sigterm) == STEPS
         assert all(e.nbytes < GRAD_BYTES for e in lit.events if e.rank == rank)
         assert op_bytes(lit, "all_reduce", rank) <= 64
         # The course's DDP, recorded: the broadcast of every parameter, one all-reduce of all
@@ -102,6 +103,18 @@ def test_the_recorder_sees_lightnings_calls_and_the_kernel_sees_ddps_reducer(ddp
         assert lit.written[rank] >= STEPS * GRAD_BYTES
         assert abs(lit.written[rank] - course.written[rank]) <= 0.02 * course.written[rank]
     assert lit.written[0] >= (STEPS + 1) * GRAD_BYTES  # + rank 0's broadcast of the model
+
+
+def test_in_ranks_spawn_started_lightning_launches_nothing_and_trains_the_same(ddp_runs):
+    """Outside a notebook, ``strategy="ddp"`` joins ranks that have LOCAL_RANK set; the recorder
+    spawn installed sees everything the callback saw, and what came before its setup hook."""
+    forked, joined = ddp_runs["lightning_ddp"], ddp_runs["lightning_ddp_ranks"]
+    assert joined.losses == forked.losses and joined.seen == forked.seen
+    assert joined.max_param_diff(forked) <= TOL
+    for rank in range(2):
+        assert ops(joined, rank) - ops(forked, rank)      # more: calls before the setup hook
+        assert not ops(forked, rank) - ops(joined, rank)  # all the callback saw, joined saw
+        assert abs(joined.written[rank] - forked.written[rank]) <= 0.01 * forked.written[rank]
 
 
 def test_sync_dist_logging_all_reduces_once_per_step_and_rank_0_writes_the_checkpoint(
@@ -152,14 +165,23 @@ def test_traffic_table_counts_per_op(ddp_runs):
     assert table.loc["course_ddp", "recorded bytes"] == (STEPS + 1) * GRAD_BYTES
 
 
-def test_the_recorder_installed_by_a_callback_in_lightnings_forked_ranks(ddp_runs):
-    forked = fit_launched("ddp_notebook", config=CONFIG)
-    spawned = ddp_runs["lightning_ddp"]
-    assert forked.losses == spawned.losses and forked.seen == spawned.seen
-    assert forked.max_param_diff(spawned) <= TOL
+def test_forked_ranks_record_through_the_callback_and_keep_their_replicas_equal(ddp_runs):
+    forked = ddp_runs["lightning_ddp"]
+    assert len(forked.params) == 2 and [len(r) for r in forked.losses] == [STEPS, STEPS]
+    for name, value in forked.params[0].items():
+        assert (value - forked.params[1][name]).abs().max().item() <= TOL
     for rank in range(2):
-        assert ops(forked, rank)["broadcast"] >= STEPS
         assert forked.written[rank] >= STEPS * GRAD_BYTES
+
+
+def test_notebook_kernels_forks_inherit_lightnings_interactive_flag(monkeypatch):
+    """A kernel sets sys.ps1; Lightning reads it once at import, so ranks forked from a kernel
+    refuse ``strategy="ddp"`` even with LOCAL_RANK set. Emulated with the flag itself."""
+    import pytorch_lightning.trainer.connectors.accelerator_connector as connector
+
+    monkeypatch.setattr(connector, "_IS_INTERACTIVE", True)
+    with pytest.raises(Exception, match="not compatible with an interactive environment"):
+        compare(["lightning_ddp_ranks"], config=CONFIG, timeout=120)
 
 
 @pytest.mark.slow

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 
 from . import comm
 from .arguments import check_int, check_positive
@@ -159,6 +160,8 @@ class RankRecord:
     """`written_bytes` over the same span (None without /proc)."""
     step_losses: list[float]
     seen: list[list[int]]
+    params: dict[str, Tensor]
+    """The model's full parameters after training, on the CPU."""
 
 
 class RecorderCallback(pl.Callback):
@@ -190,11 +193,14 @@ class RecorderCallback(pl.Callback):
             return
         end = written_bytes()
         self._stack.close()
+        model = getattr(pl_module, "model", pl_module)
+        params = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().to("cpu").clone()
+                  for n, p in model.named_parameters()}  # a DTensor's gather: not recorded
         record = RankRecord(
             rank=trainer.global_rank, events=list(self._trace.events),
             written=None if end is None or self._written is None else end - self._written,
             step_losses=list(getattr(pl_module, "step_losses", [])),
-            seen=list(getattr(pl_module, "seen", [])))
+            seen=list(getattr(pl_module, "seen", [])), params=params)
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"rank{record.rank}.pkl"
         tmp = path.with_suffix(".tmp")

@@ -50,9 +50,10 @@ def shard_indices(n: int, *, rank: int, world_size: int, epoch: int = 0, seed: i
     check_int("shard_indices", "rank", rank, low=0, high=world_size - 1)
     check_int("shard_indices", "epoch", epoch, low=0)
     if shuffle:
-        # A CPU generator, as torch's sampler uses: every rank draws the same permutation.
+        # A CPU generator, as torch's sampler uses: every rank and device draws the same
+        # permutation (a CUDA generator draws another); the indices are host data anyway.
         gen = torch.Generator().manual_seed(seed + epoch)
-        order = torch.randperm(n, generator=gen).tolist()
+        order = torch.randperm(n, generator=gen, device=gen.device).tolist()
     else:
         order = list(range(n))
     total = m * world_size

@@ -4,31 +4,34 @@ Two runs of SGD that start from the same parameters, see the same samples in the
 average gradients over the same ranks take the same steps. With 2 ranks they are even equal bit
 for bit: halving is exact in binary floating point and a + b = b + a, so the order in which
 torch's C++ reducer, FSDP2 and the course's code divide and add does not matter. Where runs
-differ, one of those three inputs differs, and the comparison names it (lesson 16).
+differ, one of those inputs differs, and lesson 16 names it.
 
-Runs (`RUNS`), each trained on every rank of one `spawn` (gloo, CPU), recorded by `toolkit.comm`
-and by the bytes each process wrote to the kernel (`toolkit.frameworks.written_bytes`):
+Runs (`RUNS`) on 2 gloo CPU ranks, recorded by `toolkit.comm` and by the bytes each process
+wrote to the kernel (`toolkit.frameworks.written_bytes`). Who starts the processes decides
+where the recorder is installed (Lightning 2.6, `pytorch_lightning/strategies/launchers/`):
 
-===================  ==========================================================================
-run                  what trains
-===================  ==========================================================================
-lightning_ddp        ``Trainer(strategy="ddp")``: torch's DistributedDataParallel
-lightning_ddp_log    the same, logging the loss with ``self.log(sync_dist=True)``
-lightning_ddp_ckpt   the same, with Lightning's ModelCheckpoint (rank 0 writes, every epoch)
-lightning_fsdp       ``ModelParallelStrategy(data_parallel_size=p, tensor_parallel_size=1)``:
-                     FSDP2's ``fully_shard`` on the course's units (`frameworks.shard_units`)
-lightning_fsdp_auto  ``ModelParallelStrategy()`` with its defaults: on one node the data-parallel
-                     size is the node count, 1: no sharding, no gradient sync, no data split
-course_ddp           `OverlappedDDP`, samples dealt by `shard_indices` (Lightning's sampler)
-course_ddp_split     `OverlappedDDP`, rank r takes the r-th contiguous slice every epoch (lesson 04)
-course_fsdp          `FullyShardedDataParallel`, samples by `shard_indices`
-===================  ==========================================================================
+=====================  ========================================================================
+run                    what trains, and who starts the ranks
+=====================  ========================================================================
+lightning_ddp          ``Trainer(strategy="ddp_notebook")``: Lightning forks the caller (the
+                       only DDP launcher a notebook can use); `RecorderCallback` records
+lightning_ddp_log      the same, logging the loss with ``self.log(sync_dist=True)``
+lightning_ddp_ckpt     the same, with Lightning's ModelCheckpoint (rank 0 writes, every epoch)
+lightning_ddp_ranks    ``Trainer(strategy="ddp")`` in ranks `spawn` started (``LOCAL_RANK`` set:
+                       Lightning starts nothing); refused where the caller is a notebook kernel,
+                       whose forks inherit Lightning's "interactive" flag
+lightning_fsdp         ``ModelParallelStrategy(data_parallel_size=p, tensor_parallel_size=1)`` in
+                       ranks `spawn` started: FSDP2's ``fully_shard`` on the course's units
+lightning_fsdp_auto    ``ModelParallelStrategy()`` with its defaults: on one node the data-
+                       parallel size is the node count, 1: no sharding, no sync, no data split
+course_ddp             `OverlappedDDP`, samples dealt by `shard_indices` (Lightning's sampler)
+course_ddp_split       `OverlappedDDP`, rank r takes the r-th contiguous slice (lesson 04)
+course_fsdp            `FullyShardedDataParallel`, samples by `shard_indices`
+=====================  ========================================================================
 
-`compare(runs)` runs them in one launch (Lightning inside ranks the course started: it sees
-``LOCAL_RANK`` and starts no process). `fit_launched(strategy)` lets Lightning start the
-processes itself (``"ddp_notebook"`` forks the caller; ``"ddp"`` runs the script again) with
-`RecorderCallback` bringing back what each rank's recorder saw. ``python -m
-toolkit.experiments.frameworks OUT`` is that script (``strategy="ddp"``), for a test.
+`compare(runs)` trains them (those in ranks in one launch); `fit_launched(strategy)` is one run
+on processes Lightning starts itself. ``python -m toolkit.experiments.frameworks OUT`` is a
+script that trains with ``strategy="ddp"``: Lightning runs it again for rank 1.
 """
 
 from __future__ import annotations
@@ -55,18 +58,23 @@ from torch.utils.data import DataLoader, TensorDataset
 from .. import comm
 from ..arguments import check_int, check_positive
 from ..chunks import chunk_bounds
+from ..cost import bytes_sent_per_rank
 from ..data_parallel.ddp import OverlappedDDP
 from ..data_parallel.fsdp import FullyShardedDataParallel
+from ..data_parallel.fsdp_schedule import ring_wire_bytes
 from ..data_parallel.sampler import shard_indices
 from ..frameworks import (CourseModule, RecorderCallback, course_loss, quiet, read_recorded,
                           written_bytes)
 from ..launch import device, spawn
 from ..models import GPTConfig, TinyGPT, TinyMLP, make_regression_data, make_token_data
 
-RUNS = ("lightning_ddp", "lightning_ddp_log", "lightning_ddp_ckpt", "lightning_fsdp",
-        "lightning_fsdp_auto",
-        "course_ddp", "course_ddp_split", "course_fsdp")
-"""Every run `compare` knows (module docstring)."""
+LAUNCHED = {"lightning_ddp": {}, "lightning_ddp_log": {"sync_log": True},
+            "lightning_ddp_ckpt": {"checkpoint": True}}
+"""Runs on processes Lightning starts ("ddp_notebook"), and their options."""
+IN_RANKS = ("lightning_ddp_ranks", "lightning_fsdp", "lightning_fsdp_auto", "course_ddp",
+            "course_ddp_split", "course_fsdp")
+"""Runs in ranks `spawn` starts, one launch for all."""
+RUNS = tuple(LAUNCHED) + IN_RANKS
 
 
 @dataclass(frozen=True)
@@ -84,15 +92,12 @@ class TrainConfig:
     epochs: int = 2
     lr: float = 0.5
     """Plain SGD's learning rate."""
-    sampler_seed: int = 0
-    """Seed of the shuffling sampler (Lightning's default, 0, is read from PL_GLOBAL_SEED)."""
 
     def __post_init__(self) -> None:
         if self.model not in ("gpt", "mlp"):
             raise ValueError(f"TrainConfig: model must be 'gpt' or 'mlp', got {self.model!r}")
         for name in ("samples", "batch_size", "epochs"):
             check_int("TrainConfig", name, getattr(self, name))
-        check_int("TrainConfig", "sampler_seed", self.sampler_seed, low=0)
         check_positive("TrainConfig", "lr", self.lr)
 
     def build_model(self, device: torch.device | None = None) -> torch.nn.Module:
@@ -107,7 +112,11 @@ class TrainConfig:
             x, y = make_token_data(self.samples, self.gpt.seq_len, self.gpt.vocab_size)
         else:
             x, y = make_regression_data(self.samples, 8, 4)
-        return TensorDataset(torch.arange(self.samples), x, y)
+        return TensorDataset(torch.arange(self.samples, device=x.device), x, y)
+
+    def loader(self) -> DataLoader:
+        """The DataLoader a Lightning user writes: no sampler, no shuffle (Lightning adds both)."""
+        return DataLoader(self.dataset(), batch_size=self.batch_size)
 
 
 @dataclass
@@ -126,7 +135,7 @@ class RunResult:
     written: list[int | None] = field(default_factory=list)
     """[rank]: bytes the rank's process wrote to the kernel while training (None: no /proc)."""
     files: list[str] = field(default_factory=list)
-    """Checkpoint files the run left, relative to its folder (Lightning's ModelCheckpoint)."""
+    """Checkpoint files the run left (Lightning's ModelCheckpoint), relative to its folder."""
 
     def max_param_diff(self, other: "RunResult") -> float:
         """Largest |difference| between rank 0's final parameters here and in `other`."""
@@ -137,7 +146,8 @@ class RunResult:
         return max((a[k] - b[k]).abs().max().item() for k in a)
 
     def max_loss_diff(self, other: "RunResult") -> float:
-        """Largest |difference| between the per-step losses of the two runs, any rank."""
+        """Largest |difference| between the per-step losses of the two runs, any rank (inf
+        when they took different numbers of steps)."""
         if [len(r) for r in self.losses] != [len(r) for r in other.losses]:
             return float("inf")
         return max((abs(a - b) for mine, theirs in zip(self.losses, other.losses)
@@ -152,13 +162,44 @@ def _trainer(strategy: Any, config: TrainConfig, world_size: int, root: str, *,
                       default_root_dir=root, callbacks=list(callbacks))
 
 
+def _checkpoints(root: str) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*.ckpt"))
+
+
+def fit_launched(strategy: str = "ddp_notebook", *, config: TrainConfig = TrainConfig(),
+                 world_size: int = 2, folder: str | None = None, sync_log: bool = False,
+                 checkpoint: bool = False) -> RunResult:
+    """Let Lightning start `world_size` processes itself and train on them (``"ddp_notebook"``:
+    forks of this process; ``"ddp"``: this script run again; ``"ddp_spawn"``: fresh
+    interpreters); `RecorderCallback` brings back what each rank's recorder saw. In a process
+    that Lightning started for rank > 0 it returns an empty result."""
+    check_int("fit_launched", "world_size", world_size)
+    own = folder is None
+    folder = tempfile.mkdtemp(prefix="lightning-launched-") if own else folder
+    try:
+        module = CourseModule(config.build_model(), lr=config.lr, sync_log=sync_log)
+        with quiet():
+            trainer = _trainer(strategy, config, world_size, folder, checkpoint=checkpoint,
+                               callbacks=[RecorderCallback(folder, threads=1)])
+            trainer.fit(module, config.loader())
+        for proc in getattr(trainer.strategy.launcher, "procs", []):
+            if isinstance(proc, subprocess.Popen):  # "ddp": the script's other ranks
+                proc.wait()
+        if trainer.global_rank != 0:
+            return RunResult(strategy, [], [], [], [])
+        records, files = read_recorded(folder, world_size), _checkpoints(folder)
+    finally:
+        if own:
+            shutil.rmtree(folder, ignore_errors=True)
+    events = sorted((e for r in records for e in r.events), key=lambda e: (e.start, e.rank, e.seq))
+    return RunResult(strategy, [r.step_losses for r in records], [r.seen for r in records],
+                     [r.params for r in records], events, [r.written for r in records], files)
+
+
 def _full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter in full (a DTensor gathered: a collective), by name, on the CPU."""
-    out = {}
-    for name, p in model.named_parameters():
-        value = p.full_tensor() if isinstance(p, DTensor) else p
-        out[name] = value.detach().to("cpu").clone()
-    return out
+    return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().to("cpu").clone()
+            for name, p in model.named_parameters()}
 
 
 def _lightning(run: str, config: TrainConfig, world_size: int, root: str) -> dict:
@@ -167,18 +208,15 @@ def _lightning(run: str, config: TrainConfig, world_size: int, root: str) -> dic
         strategy = ModelParallelStrategy(data_parallel_size=world_size, tensor_parallel_size=1)
     elif run == "lightning_fsdp_auto":
         strategy = ModelParallelStrategy()
-    module = CourseModule(config.build_model(), lr=config.lr, sync_log=run == "lightning_ddp_log")
-    loader = DataLoader(config.dataset(), batch_size=config.batch_size)
+    module = CourseModule(config.build_model(), lr=config.lr)
     with quiet(), comm.recording() as trace:
-        trainer = _trainer(strategy, config, world_size, os.path.join(root, run),
-                           checkpoint=run == "lightning_ddp_ckpt")
+        trainer = _trainer(strategy, config, world_size, root)
         start = written_bytes()
-        trainer.fit(module, loader)
+        trainer.fit(module, config.loader())
         end = written_bytes()
-    files = sorted(str(p.relative_to(root)) for p in Path(root, run).rglob("*.ckpt"))
     return dict(losses=module.step_losses, seen=module.seen, events=trace.events,
                 written=None if start is None else end - start,
-                params=_full_params(module.model), files=files)
+                params=_full_params(module.model))
 
 
 def _course(run: str, config: TrainConfig, rank: int, world_size: int) -> dict:
@@ -198,7 +236,7 @@ def _course(run: str, config: TrainConfig, rank: int, world_size: int) -> dict:
                 order = list(range(lo, hi))
             else:
                 order = shard_indices(config.samples, rank=rank, world_size=world_size,
-                                      epoch=epoch, seed=config.sampler_seed)
+                                      epoch=epoch)
             for batch in torch.tensor(order, device=dev).split(config.batch_size):
                 opt.zero_grad()
                 loss = course_loss(wrapped, x[batch], y[batch])
@@ -208,7 +246,7 @@ def _course(run: str, config: TrainConfig, rank: int, world_size: int) -> dict:
                 seen.append(batch.tolist())
         end = written_bytes()
     params = wrapped.full_state_dict() if run == "course_fsdp" else dict(model.named_parameters())
-    return dict(losses=losses, seen=seen, events=trace.events, files=[],
+    return dict(losses=losses, seen=seen, events=trace.events,
                 written=None if start is None else end - start,
                 params={n: params[n].detach().to("cpu").clone() for n in names})
 
@@ -217,9 +255,9 @@ def _rank(rank: int, world_size: int, runs: Sequence[str], config: TrainConfig,
           root: str) -> dict[str, dict]:
     out = {}
     for run in runs:
-        dist.barrier()  # runs start together; not recorded (outside any recording)
+        dist.barrier()  # runs start together; outside every recording
         if run.startswith("lightning"):
-            out[run] = _lightning(run, config, world_size, root)
+            out[run] = _lightning(run, config, world_size, os.path.join(root, run))
         else:
             out[run] = _course(run, config, rank, world_size)
     return out
@@ -227,77 +265,60 @@ def _rank(rank: int, world_size: int, runs: Sequence[str], config: TrainConfig,
 
 def compare(runs: Sequence[str] = RUNS, *, config: TrainConfig = TrainConfig(),
             world_size: int = 2, timeout: float = 120) -> dict[str, RunResult]:
-    """Train every run in `runs` on `world_size` gloo ranks of one launch (module docstring);
-    run name -> `RunResult`."""
+    """Train every run in `runs` on `world_size` gloo ranks (module docstring); run name ->
+    `RunResult`, in the order of `runs`."""
     unknown = [r for r in runs if r not in RUNS]
     if unknown:
         raise ValueError(f"compare: unknown runs {unknown}; choose from {RUNS}")
     check_int("compare", "world_size", world_size)
-    root = tempfile.mkdtemp(prefix="lightning-runs-")
-    try:
-        # PL_GLOBAL_SEED seeds Lightning's sampler: set it, so a seed_everything() call in the
-        # caller cannot make Lightning deal other samples than the course's runs.
-        per_rank = spawn(_rank, world_size, list(runs), config, root, backend="gloo",
-                         timeout=timeout, echo=False,
-                         env={"PL_GLOBAL_SEED": str(config.sampler_seed)})
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    results = {}
-    for run in runs:
-        ranks = [r[run] for r in per_rank]
-        events = sorted((e for r in ranks for e in r["events"]),
-                        key=lambda e: (e.start, e.rank, e.seq))
-        results[run] = RunResult(run, [r["losses"] for r in ranks], [r["seen"] for r in ranks],
-                                 [r["params"] for r in ranks], events,
-                                 [r["written"] for r in ranks], ranks[0].get("files", []))
-    return results
+    results = {run: fit_launched("ddp_notebook", config=config, world_size=world_size,
+                                 **LAUNCHED[run]) for run in runs if run in LAUNCHED}
+    in_ranks = [run for run in runs if run in IN_RANKS]
+    if in_ranks:
+        root = tempfile.mkdtemp(prefix="lightning-runs-")
+        try:  # PL_GLOBAL_SEED would change Lightning's sampler seed: 0, as shard_indices'
+            per_rank = spawn(_rank, world_size, in_ranks, config, root, backend="gloo",
+                             timeout=timeout, echo=False, env={"PL_GLOBAL_SEED": "0"})
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        for run in in_ranks:
+            ranks = [r[run] for r in per_rank]
+            events = sorted((e for r in ranks for e in r["events"]),
+                            key=lambda e: (e.start, e.rank, e.seq))
+            results[run] = RunResult(run, [r["losses"] for r in ranks],
+                                     [r["seen"] for r in ranks], [r["params"] for r in ranks],
+                                     events, [r["written"] for r in ranks])
+    return {run: results[run] for run in runs}
 
 
-def traffic_table(results: dict[str, RunResult], *, rank: int = 0) -> pd.DataFrame:
-    """Per run, what rank `rank` did: calls and bytes the recorder saw per op (bytes as the
-    recorder counts them: what the rank passed in), and bytes its process wrote."""
+def wire_bytes(events: Sequence[comm.Event], *, rank: int, world_size: int) -> float:
+    """Bytes rank `rank` puts on the wire for the recorded `events`, by lesson 02's formulas: a
+    ring for all-reduce, all-gather and reduce-scatter (`ring_wire_bytes`), the root sending to
+    every other rank for a broadcast. Calls the recorder did not see count 0."""
+    total = 0.0
+    for e in events:
+        if e.rank == rank and e.op == "broadcast" and e.peer == rank:
+            total += bytes_sent_per_rank("broadcast", "linear", e.nbytes, world_size)
+        elif e.rank == rank:
+            total += ring_wire_bytes(e.op, e.nbytes, world_size)
+    return total
+
+
+def traffic_table(results: dict[str, RunResult], *, rank: int = 0,
+                  world_size: int = 2) -> pd.DataFrame:
+    """Per run, rank `rank`'s recorded calls per op and bytes (what the rank passed in), the
+    bytes those calls put on the wire (`wire_bytes`), and the bytes its process wrote."""
     rows = []
     for name, res in results.items():
         mine = [e for e in res.events if e.rank == rank]
-        row: dict[str, Any] = {"run": name, "recorded calls": len(mine),
-                               "recorded bytes": sum(e.nbytes for e in mine),
-                               "written bytes": res.written[rank]}
+        row: dict[str, Any] = {
+            "run": name, "recorded calls": len(mine), "recorded bytes": sum(e.nbytes for e in mine),
+            "wire bytes of recorded calls": wire_bytes(mine, rank=rank, world_size=world_size),
+            "written bytes": res.written[rank]}
         for e in mine:
             row[f"{e.op} calls"] = row.get(f"{e.op} calls", 0) + 1
         rows.append(row)
     return pd.DataFrame(rows).set_index("run").fillna(0)
-
-
-def fit_launched(strategy: str = "ddp_notebook", *, config: TrainConfig = TrainConfig(),
-                 world_size: int = 2, folder: str | None = None) -> RunResult:
-    """Let Lightning start `world_size` processes itself (``"ddp_notebook"``/``"ddp_fork"``:
-    forks of this process; ``"ddp"``: this script run again; ``"ddp_spawn"``: fresh
-    interpreters) and train on them; what each rank's recorder saw comes back through
-    `RecorderCallback` files. Rank 0's final parameters are this process's copy (Lightning
-    sends them back to the caller, or this process *is* rank 0)."""
-    check_int("fit_launched", "world_size", world_size)
-    own = folder is None
-    folder = tempfile.mkdtemp(prefix="lightning-launched-") if own else folder
-    try:
-        module = CourseModule(config.build_model(), lr=config.lr)
-        loader = DataLoader(config.dataset(), batch_size=config.batch_size)
-        with quiet():
-            trainer = _trainer(strategy, config, world_size, folder,
-                               callbacks=[RecorderCallback(folder, threads=1)])
-            trainer.fit(module, loader)
-        for proc in getattr(trainer.strategy.launcher, "procs", []):
-            if isinstance(proc, subprocess.Popen):  # "ddp": the script's other ranks
-                proc.wait()
-        if trainer.global_rank != 0:  # the script run again: only rank 0 goes on
-            return RunResult(strategy, [], [], [], [])
-        records = read_recorded(folder, world_size)
-    finally:
-        if own:
-            shutil.rmtree(folder, ignore_errors=True)
-    events = sorted((e for r in records for e in r.events), key=lambda e: (e.start, e.rank, e.seq))
-    params = {n: p.detach().clone() for n, p in module.model.named_parameters()}
-    return RunResult(strategy, [r.step_losses for r in records], [r.seen for r in records],
-                     [params], events, [r.written for r in records])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -305,21 +326,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs this command again for rank 1) and write rank 0's view to OUT/summary.json."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("out", help="folder for summary.json (and the ranks' records)")
-    parser.add_argument("--strategy", default="ddp")
     args = parser.parse_args(argv)
-    result = fit_launched(args.strategy, folder=args.out)
-    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+    result = fit_launched("ddp", folder=args.out)
+    if result.losses:  # rank 0
         summary = {"losses": result.losses, "written": result.written,
                    "ops": [[e.rank, e.op, e.nbytes] for e in result.events]}
-        with open(os.path.join(args.out, "summary.json"), "w") as f:
-            json.dump(summary, f)
-    sys.stdout.flush()
+        Path(args.out, "summary.json").write_text(json.dumps(summary))
     return 0
 
 
+__all__ = ["IN_RANKS", "LAUNCHED", "RUNS", "RunResult", "TrainConfig", "compare",
+           "fit_launched", "main", "traffic_table", "wire_bytes"]
+
 if __name__ == "__main__":
     sys.exit(main())
-
-
-__all__ = ["RUNS", "RunResult", "TrainConfig", "compare", "fit_launched", "main",
-           "traffic_table"]
