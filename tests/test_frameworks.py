@@ -2,18 +2,14 @@
 toolkit.experiments.frameworks): same losses and parameters where model, data order and
 averaging are the same, different where the sampler differs; what the recorder sees of each
 (Lightning's own Python calls and FSDP2's collectives, not torch DDP's C++ reducer, whose bytes
-the kernel's write counter shows); the recorder installed in processes Lightning starts itself
-(a fork, and the script run again).
+the kernel's write counter shows); the recorder installed in processes Lightning forks itself,
+and Lightning joining ranks the course started.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
-import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -23,13 +19,12 @@ pytest.importorskip("pytorch_lightning",
 
 from toolkit.data_parallel.sampler import shard_indices  # noqa: E402
 from toolkit.experiments.frameworks import (  # noqa: E402
-    RunResult, TrainConfig, compare, traffic_table)
+    RUNS, RunResult, TrainConfig, compare, fit_launched, traffic_table)
 from toolkit.frameworks import (  # noqa: E402
     RESPONSIBILITIES, CourseModule, RecorderCallback, read_recorded)
 from toolkit.models import TinyGPT, count_parameters  # noqa: E402
 
 pytestmark = pytest.mark.multirank
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = TrainConfig()                        # TinyGPT, 64 samples, 8 per rank, 2 epochs
 STEPS = CONFIG.epochs * CONFIG.samples // (2 * CONFIG.batch_size)   # per rank, 2 ranks
 GRAD_BYTES = 4 * count_parameters(TinyGPT(CONFIG.gpt))              # fp32, tied weight once
@@ -45,20 +40,13 @@ def op_bytes(result: RunResult, op: str, rank: int = 0) -> int:
 
 
 @pytest.fixture(scope="module")
-def ddp_runs() -> dict[str, RunResult]:
-    return compare(["lightning_ddp", "lightning_ddp_log", "lightning_ddp_ckpt",
-                    "lightning_ddp_ranks", "course_ddp", "course_ddp_split"], config=CONFIG,
-                   timeout=180)
+def runs() -> dict[str, RunResult]:
+    """Every run: the forked ones one after another, the rest in one launch of 2 ranks."""
+    return compare(RUNS, config=CONFIG, timeout=180)
 
 
-@pytest.fixture(scope="module")
-def fsdp_runs() -> dict[str, RunResult]:
-    return compare(["lightning_fsdp", "lightning_fsdp_auto", "course_fsdp"], config=CONFIG,
-                   timeout=180)
-
-
-def test_lightning_ddp_equals_the_course_ddp_with_lightnings_sampler(ddp_runs):
-    lit, course = ddp_runs["lightning_ddp"], ddp_runs["course_ddp"]
+def test_lightning_ddp_equals_the_course_ddp_with_lightnings_sampler(runs):
+    lit, course = runs["lightning_ddp"], runs["course_ddp"]
     assert [len(r) for r in lit.losses] == [STEPS, STEPS]
     assert lit.seen == course.seen                 # the same samples, step by step, per rank
     assert lit.max_loss_diff(course) <= TOL
@@ -75,14 +63,14 @@ def test_lightning_ddp_equals_the_course_ddp_with_lightnings_sampler(ddp_runs):
             assert got == shard_indices(CONFIG.samples, rank=rank, world_size=2, epoch=epoch)
 
 
-def test_the_contiguous_split_of_lesson_04_trains_on_other_batches(ddp_runs):
-    lit, split = ddp_runs["lightning_ddp"], ddp_runs["course_ddp_split"]
+def test_the_contiguous_split_of_lesson_04_trains_on_other_batches(runs):
+    lit, split = runs["lightning_ddp"], runs["course_ddp_split"]
     assert split.seen[0][0] == list(range(CONFIG.batch_size))
     assert lit.max_loss_diff(split) > 1e-3 and lit.max_param_diff(split) > 1e-3
 
 
-def test_the_recorder_sees_lightnings_calls_and_the_kernel_sees_ddps_reducer(ddp_runs):
-    lit, course = ddp_runs["lightning_ddp"], ddp_runs["course_ddp"]
+def test_the_recorder_sees_lightnings_calls_and_the_kernel_sees_ddps_reducer(runs):
+    lit, course = runs["lightning_ddp"], runs["course_ddp"]
     for rank in range(2):
         # Lightning's own Python calls, from the callback's setup on: a flag broadcast before
         # every step (SIGTERM), barriers, and one all-reduce per length check of the training
@@ -105,10 +93,10 @@ def test_the_recorder_sees_lightnings_calls_and_the_kernel_sees_ddps_reducer(ddp
     assert lit.written[0] >= (STEPS + 1) * GRAD_BYTES  # + rank 0's broadcast of the model
 
 
-def test_in_ranks_spawn_started_lightning_launches_nothing_and_trains_the_same(ddp_runs):
+def test_in_ranks_spawn_started_lightning_launches_nothing_and_trains_the_same(runs):
     """Outside a notebook, ``strategy="ddp"`` joins ranks that have LOCAL_RANK set; the recorder
     spawn installed sees everything the callback saw, and what came before its setup hook."""
-    forked, joined = ddp_runs["lightning_ddp"], ddp_runs["lightning_ddp_ranks"]
+    forked, joined = runs["lightning_ddp"], runs["lightning_ddp_ranks"]
     assert joined.losses == forked.losses and joined.seen == forked.seen
     assert joined.max_param_diff(forked) <= TOL
     for rank in range(2):
@@ -118,8 +106,8 @@ def test_in_ranks_spawn_started_lightning_launches_nothing_and_trains_the_same(d
 
 
 def test_sync_dist_logging_all_reduces_once_per_step_and_rank_0_writes_the_checkpoint(
-        ddp_runs):
-    base, logged, ckpt = (ddp_runs[k] for k in ("lightning_ddp", "lightning_ddp_log",
+        runs):
+    base, logged, ckpt = (runs[k] for k in ("lightning_ddp", "lightning_ddp_log",
                                                 "lightning_ddp_ckpt"))
     for rank in range(2):
         extra = [e for e in logged.events if e.rank == rank and e.op == "all_reduce"]
@@ -130,8 +118,8 @@ def test_sync_dist_logging_all_reduces_once_per_step_and_rank_0_writes_the_check
     assert base.files == [] and logged.files == []
 
 
-def test_lightning_fsdp2_equals_the_course_fsdp_and_records_the_same_collectives(fsdp_runs):
-    lit, course = fsdp_runs["lightning_fsdp"], fsdp_runs["course_fsdp"]
+def test_lightning_fsdp2_equals_the_course_fsdp_and_records_the_same_collectives(runs):
+    lit, course = runs["lightning_fsdp"], runs["course_fsdp"]
     assert lit.seen == course.seen
     assert lit.max_loss_diff(course) <= TOL and lit.max_param_diff(course) <= TOL
     for rank in range(2):
@@ -147,8 +135,8 @@ def test_lightning_fsdp2_equals_the_course_fsdp_and_records_the_same_collectives
             course, "reduce_scatter_tensor", rank) == STEPS * GRAD_BYTES
 
 
-def test_model_parallel_strategys_defaults_do_no_data_parallelism_on_one_node(fsdp_runs):
-    auto = fsdp_runs["lightning_fsdp_auto"]
+def test_model_parallel_strategys_defaults_do_no_data_parallelism_on_one_node(runs):
+    auto = runs["lightning_fsdp_auto"]
     assert ops(auto)["all_gather_single"] == 0 and ops(auto)["reduce_scatter_single"] == 0
     per_epoch = 2 * STEPS // CONFIG.epochs          # the whole data set on each rank
     for rank in range(2):
@@ -157,16 +145,16 @@ def test_model_parallel_strategys_defaults_do_no_data_parallelism_on_one_node(fs
     assert auto.seen[0] == auto.seen[1]              # both ranks trained on the same batches
 
 
-def test_traffic_table_counts_per_op(ddp_runs):
-    table = traffic_table(ddp_runs)
+def test_traffic_table_counts_per_op(runs):
+    table = traffic_table(runs)
     assert table.loc["course_ddp", "all_reduce calls"] == STEPS
-    assert table.loc["lightning_ddp", "all_reduce calls"] == ops(ddp_runs["lightning_ddp"])[
+    assert table.loc["lightning_ddp", "all_reduce calls"] == ops(runs["lightning_ddp"])[
         "all_reduce"]
     assert table.loc["course_ddp", "recorded bytes"] == (STEPS + 1) * GRAD_BYTES
 
 
-def test_forked_ranks_record_through_the_callback_and_keep_their_replicas_equal(ddp_runs):
-    forked = ddp_runs["lightning_ddp"]
+def test_forked_ranks_record_through_the_callback_and_keep_their_replicas_equal(runs):
+    forked = runs["lightning_ddp"]
     assert len(forked.params) == 2 and [len(r) for r in forked.losses] == [STEPS, STEPS]
     for name, value in forked.params[0].items():
         assert (value - forked.params[1][name]).abs().max().item() <= TOL
@@ -182,19 +170,6 @@ def test_notebook_kernels_forks_inherit_lightnings_interactive_flag(monkeypatch)
     monkeypatch.setattr(connector, "_IS_INTERACTIVE", True)
     with pytest.raises(Exception, match="not compatible with an interactive environment"):
         compare(["lightning_ddp_ranks"], config=CONFIG, timeout=120)
-
-
-@pytest.mark.slow
-def test_the_recorder_in_the_scripts_ranks_under_strategy_ddp(tmp_path, ddp_runs):
-    """``strategy="ddp"`` runs the script again for rank 1 (Lightning's subprocess launcher)."""
-    out = subprocess.run([sys.executable, "-m", "toolkit.experiments.frameworks", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=280)
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["losses"] == ddp_runs["lightning_ddp"].losses
-    calls = Counter((rank, op) for rank, op, _ in summary["ops"])
-    assert calls[(1, "broadcast")] >= STEPS and calls[(0, "broadcast")] >= STEPS
-    assert all(w >= STEPS * GRAD_BYTES for w in summary["written"])
 
 
 def test_read_recorded_names_the_missing_ranks(tmp_path):
@@ -213,6 +188,8 @@ def test_arguments_are_checked():
         TrainConfig(batch_size=0)
     with pytest.raises(ValueError, match="unknown runs"):
         compare(["lightning_tpu"])
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        fit_launched("ddp")
     with pytest.raises(ValueError, match="threads"):
         RecorderCallback("x", threads=0)
 

@@ -30,18 +30,15 @@ course_fsdp            `FullyShardedDataParallel`, samples by `shard_indices`
 =====================  ========================================================================
 
 `compare(runs)` trains them (those in ranks in one launch); `fit_launched(strategy)` is one run
-on processes Lightning starts itself. ``python -m toolkit.experiments.frameworks OUT`` is a
-script that trains with ``strategy="ddp"``: Lightning runs it again for rank 1.
+on processes Lightning forks itself. Lightning's other launchers (``"ddp"`` runs the script
+again, ``"ddp_spawn"`` starts fresh interpreters) are left out: seconds of imports per rank, and
+``"ddp"`` cannot start from a notebook (lesson 16, section 2).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,13 +163,19 @@ def _checkpoints(root: str) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*.ckpt"))
 
 
+FORK_LAUNCHED = ("ddp_notebook", "ddp_fork")
+"""Lightning's strategies whose launcher forks the caller (`fit_launched`)."""
+
+
 def fit_launched(strategy: str = "ddp_notebook", *, config: TrainConfig = TrainConfig(),
                  world_size: int = 2, folder: str | None = None, sync_log: bool = False,
                  checkpoint: bool = False) -> RunResult:
-    """Let Lightning start `world_size` processes itself and train on them (``"ddp_notebook"``:
-    forks of this process; ``"ddp"``: this script run again; ``"ddp_spawn"``: fresh
-    interpreters); `RecorderCallback` brings back what each rank's recorder saw. In a process
-    that Lightning started for rank > 0 it returns an empty result."""
+    """Let Lightning fork `world_size` processes from this one (`FORK_LAUNCHED`) and train on
+    them; `RecorderCallback` brings back what each rank's recorder saw and its parameters.
+    `folder` keeps the ranks' records and checkpoints (default: a temporary folder, removed)."""
+    if strategy not in FORK_LAUNCHED:
+        raise ValueError(f"fit_launched: strategy must be one of {FORK_LAUNCHED} (Lightning forks "
+                         f"this process), got {strategy!r}; for ranks you start, use compare()")
     check_int("fit_launched", "world_size", world_size)
     own = folder is None
     folder = tempfile.mkdtemp(prefix="lightning-launched-") if own else folder
@@ -182,11 +185,6 @@ def fit_launched(strategy: str = "ddp_notebook", *, config: TrainConfig = TrainC
             trainer = _trainer(strategy, config, world_size, folder, checkpoint=checkpoint,
                                callbacks=[RecorderCallback(folder, threads=1)])
             trainer.fit(module, config.loader())
-        for proc in getattr(trainer.strategy.launcher, "procs", []):
-            if isinstance(proc, subprocess.Popen):  # "ddp": the script's other ranks
-                proc.wait()
-        if trainer.global_rank != 0:
-            return RunResult(strategy, [], [], [], [])
         records, files = read_recorded(folder, world_size), _checkpoints(folder)
     finally:
         if own:
@@ -321,22 +319,5 @@ def traffic_table(results: dict[str, RunResult], *, rank: int = 0,
     return pd.DataFrame(rows).set_index("run").fillna(0)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m toolkit.experiments.frameworks OUT``: train with ``strategy="ddp"`` (Lightning
-    runs this command again for rank 1) and write rank 0's view to OUT/summary.json."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("out", help="folder for summary.json (and the ranks' records)")
-    args = parser.parse_args(argv)
-    result = fit_launched("ddp", folder=args.out)
-    if result.losses:  # rank 0
-        summary = {"losses": result.losses, "written": result.written,
-                   "ops": [[e.rank, e.op, e.nbytes] for e in result.events]}
-        Path(args.out, "summary.json").write_text(json.dumps(summary))
-    return 0
-
-
-__all__ = ["IN_RANKS", "LAUNCHED", "RUNS", "RunResult", "TrainConfig", "compare",
-           "fit_launched", "main", "traffic_table", "wire_bytes"]
-
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["FORK_LAUNCHED", "IN_RANKS", "LAUNCHED", "RUNS", "RunResult", "TrainConfig",
+           "compare", "fit_launched", "traffic_table", "wire_bytes"]
