@@ -43,12 +43,12 @@ from torch.distributed.tensor import DTensor
 from . import comm
 from .arguments import check_int, check_positive
 from .comm import Event
+from .comm.kernel_io import written_bytes
 from .data_parallel.units import default_units
 from .models import TinyGPT
 
 __all__ = ["RESPONSIBILITIES", "CourseModule", "RankRecord", "RecorderCallback",
-           "Responsibility", "course_loss", "quiet", "read_recorded", "shard_units",
-           "written_bytes"]
+           "Responsibility", "course_loss", "quiet", "read_recorded", "shard_units"]
 
 LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric", "lightning.pytorch",
                      "lightning.fabric")
@@ -114,20 +114,6 @@ class CourseModule(pl.LightningModule):
         mesh = self.device_mesh  # set by ModelParallelStrategy, None under DDP
         if mesh is not None and not isinstance(self.model, FSDPModule):  # once per model
             shard_units(self.model, mesh["data_parallel"])
-
-
-def written_bytes() -> int | None:
-    """Bytes this process has handed to the kernel to write (``wchar`` of /proc/self/io:
-    sockets, pipes and files), or None where there is no /proc. Gloo sends through sockets, so
-    a difference of two readings counts traffic the recorder cannot see (C++ collectives)."""
-    try:
-        with open("/proc/self/io", "rb") as f:
-            for line in f:
-                if line.startswith(b"wchar:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ torch's C++ reducer, FSDP2 and the course's code divide and add does not matter.
 differ, one of those inputs differs, and lesson 16 names it.
 
 Runs (`RUNS`) on 2 gloo CPU ranks, recorded by `toolkit.comm` and by the bytes each process
-wrote to the kernel (`toolkit.frameworks.written_bytes`). Who starts the processes decides
+wrote to the kernel (`toolkit.comm.kernel_io.written_bytes`). Who starts the processes decides
 where the recorder is installed (Lightning 2.6, `pytorch_lightning/strategies/launchers/`):
 
 =====================  ========================================================================
@@ -60,8 +60,8 @@ from ..data_parallel.ddp import OverlappedDDP
 from ..data_parallel.fsdp import FullyShardedDataParallel
 from ..data_parallel.fsdp_schedule import ring_wire_bytes
 from ..data_parallel.sampler import shard_indices
-from ..frameworks import (CourseModule, RecorderCallback, course_loss, quiet, read_recorded,
-                          written_bytes)
+from ..comm.kernel_io import written_bytes
+from ..frameworks import CourseModule, RecorderCallback, course_loss, quiet, read_recorded
 from ..launch import device, spawn
 from ..models import GPTConfig, TinyGPT, TinyMLP, make_regression_data, make_token_data
 
