@@ -26,7 +26,7 @@ LAYER = {
     "roofline": "models",
     "collectives": "algorithms", "data_parallel": "algorithms", "pipeline": "algorithms",
     "tensor_parallel": "algorithms", "context_parallel": "algorithms",
-    "checkpoint": "algorithms", "recompute": "algorithms",
+    "checkpoint": "algorithms", "recompute": "algorithms", "offload": "algorithms",
     "experiments": "experiments",
     "frameworks": "frameworks",
     "viz": "viz",
