@@ -13,10 +13,11 @@ with the course's own code for each, as found in the Lightning 2.6 source.
   features ``(b, d_in)`` and targets ``(b, d_out)`` for TinyMLP); ``index`` says which samples
   the framework's sampler dealt this rank, kept in ``seen`` beside ``step_losses``.
 - `RecorderCallback(folder)`: in each process Lightning runs a rank in (its own launchers start
-  them: a fork of a notebook, or the script run again), installs `toolkit.comm`'s recorder in
-  the ``setup`` hook, records until ``teardown``, and writes what it saw to
-  ``folder/rank{r}.pkl``; `read_recorded(folder)` reads them back in the parent. The process
-  group exists before any hook runs, so the calls Lightning makes while creating it are not seen.
+  them; tested with ``"ddp_notebook"``'s forks, the launcher a notebook can use), installs
+  `toolkit.comm`'s recorder in the ``setup`` hook, records until ``teardown``, and writes what
+  it saw to ``folder/rank{r}.pkl``; `read_recorded(folder)` reads them back in the parent.
+  The process group exists before any hook runs, so the calls Lightning makes while creating it
+  are not seen.
 - `course_loss`, `shard_units`: the loss and the FSDP2 units the course's own runs use too.
 
 This module imports Lightning; no other toolkit module imports it except
