@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from toolkit import comm
+from toolkit.comm.kernel_io import written_bytes
 from toolkit.comm.patch import SPECS
 
 from . import landlock
@@ -58,7 +59,8 @@ def _wrappers() -> dict[str, Any]:
 # traffic checks) and this harness. A submission that rebinds one of their functions or
 # methods, or swaps a function's code object, could report any traffic it likes.
 _INSTRUMENTS = ("toolkit.comm", "toolkit.comm.patch", "toolkit.comm.recorder",
-                "toolkit.comm.events", "toolkit.comm.inflight", "toolkit.launch.worker", __name__)
+                "toolkit.comm.events", "toolkit.comm.inflight", "toolkit.comm.kernel_io",
+                "toolkit.launch.worker", __name__)
 
 
 def _identity(obj: Any) -> tuple[Any, Any] | None:
@@ -101,14 +103,8 @@ def _tampered(before: dict, after: dict) -> list[str]:
 
 
 def _wchar() -> int:
-    try:
-        with open("/proc/self/io", "rb") as f:
-            for line in f:
-                if line.startswith(b"wchar:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return -1
+    written = written_bytes()
+    return -1 if written is None else written
 
 
 def _printed() -> int:
