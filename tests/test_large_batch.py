@@ -130,7 +130,7 @@ def test_sgd_at_the_linearly_scaled_lr_blows_up_and_lamb_does_not():
                  timeout=TIMEOUT)
     sgd, warm, lamb = runs
     assert len(lamb.losses) == 8 * 4096 // 512
-    assert sgd.diverged and not math.isfinite(sgd.final_loss)
-    assert warm.diverged and not math.isfinite(warm.final_loss)
+    assert sgd.blew_up and sgd.diverged and not math.isfinite(sgd.final_loss)
+    assert warm.blew_up and not math.isfinite(warm.final_loss)
     assert not lamb.diverged and lamb.final_loss < 0.05 < 0.5 < lamb.initial_loss
     assert all(math.isfinite(v) for v in lamb.losses)

@@ -5,8 +5,9 @@ regression items) with `OverlappedDDP` on ``world_size`` ranks, global batch ``b
 evenly, for ``epochs`` passes over the data in one seeded order shared by all ranks, with an
 optional linear warm-up of the learning rate (Goyal et al. 2017, lesson 04). Returned per
 recipe (`LargeBatchRun`): the training loss per step (mean over ranks), the loss over the whole
-training set at the end, and `diverged`: the final loss is not finite or not below the loss at
-initialisation. All values are deterministic for a seed (the same ranks, data and order).
+training set at the end, `blew_up` (the final loss is nan or inf) and `diverged` (blew up, or
+ended no lower than at initialisation). All values are deterministic for a seed (the same
+ranks, data and order).
 """
 
 from __future__ import annotations
@@ -72,8 +73,14 @@ class LargeBatchRun:
     """Loss over the training set after the last step (nan or inf when it blew up)."""
 
     @property
+    def blew_up(self) -> bool:
+        """The final loss is nan or inf."""
+        return not math.isfinite(self.final_loss)
+
+    @property
     def diverged(self) -> bool:
-        return not (math.isfinite(self.final_loss) and self.final_loss < self.initial_loss)
+        """Blew up, or ended no lower than it started."""
+        return self.blew_up or self.final_loss >= self.initial_loss
 
 
 def _train(rank: int, world_size: int, task: Task, recipes: list[Recipe], batch: int,
