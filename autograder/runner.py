@@ -35,6 +35,7 @@ from .sandbox.limits import MB, Limits, preexec, sandbox_uid
 MAX_OBSERVATIONS = 256 * MB
 LOG_TAIL_BYTES = 6000  # per rank's log: faulthandler's dump of an abort is ~2-3 kB
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 @dataclass
@@ -60,11 +61,18 @@ class RunResult:
     """Files named like a grade (results.json) that the submission wrote in its folder."""
 
 
-def _set_subreaper() -> None:
+def _set_subreaper(on: bool) -> bool:
+    """Make this process the child subreaper of the sandbox's orphans (on) or stop being one;
+    returns whether it was one before. Left on, every orphaned grandchild of anything this
+    process starts later (a test's SLURM daemons) would become a zombie nobody reaps."""
     try:
-        ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        libc = ctypes.CDLL(None)
+        was = ctypes.c_int(0)
+        libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+        return bool(was.value)
     except (AttributeError, OSError):
-        pass
+        return False
 
 
 def _tree(root: int, group: PidsGroup | None) -> list[psutil.Process]:
@@ -185,7 +193,14 @@ def prepare_workdir(files: dict[str, bytes], base: Path | None = None) -> Path:
 def run_sandboxed(workdir: Path, job: dict, limits: Limits, *, landlock: bool = True) -> RunResult:
     """Run the supervisor on `job` in `workdir` under `limits`; always returns, never leaves a
     process behind."""
-    _set_subreaper()
+    was_subreaper = _set_subreaper(True)
+    try:
+        return _run(workdir, job, limits, landlock)
+    finally:
+        _set_subreaper(was_subreaper)
+
+
+def _run(workdir: Path, job: dict, limits: Limits, landlock: bool) -> RunResult:
     theirs = _children()
     job = dict(job, workdir=str(workdir), landlock=landlock)
     (workdir / "job.json").write_text(json.dumps(job))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import ctypes
 import os
 import re
 import subprocess
@@ -326,6 +327,24 @@ def test_the_callers_own_children_keep_their_exit_status(lab01, tmp_path):
     mine.kill()
     run_fault(lab01, "mistake_no_communication", ["ar"], tmp_path)
     assert mine.wait(timeout=5) == -9
+
+
+def _is_subreaper() -> bool:
+    was = ctypes.c_int(0)
+    ctypes.CDLL(None).prctl(37, ctypes.byref(was), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+    return bool(was.value)
+
+
+def test_the_caller_is_no_subreaper_after_a_grade(lab01, tmp_path):
+    """The runner adopts the sandbox's orphans during a grade only: left a subreaper, the caller
+    (a test session, an instructor's script) would collect zombies of every later daemon's
+    orphaned grandchildren (SLURM's, found by test_slurm's teardown)."""
+    assert not _is_subreaper()
+    run_fault(lab01, "mistake_no_communication", ["ar"], tmp_path)
+    assert not _is_subreaper()
+    orphan = subprocess.run(["sh", "-c", "sleep 0.2 >/dev/null 2>&1 & echo $!"],
+                            capture_output=True, text=True, check=True).stdout
+    assert int(orphan) not in {p.pid for p in psutil.Process().children(recursive=True)}
 
 
 def test_every_fault_file_has_a_test():

@@ -19,13 +19,14 @@ from torch import nn
 from toolkit.collectives import chunk_sizes
 from toolkit.collectives._common import flat_view
 from toolkit.context_parallel import full_attention, ring_attention, ulysses_attention
-from toolkit.experiments.collectives import _buffers, _elements, _runner
 from toolkit.data_parallel.accumulation import accumulate_gradients, split_batch
 from toolkit.data_parallel.buckets import Bucket, assign_buckets
 from toolkit.data_parallel.fsdp import FlatGroup
+from toolkit.data_parallel.units import ParamInfo
 from toolkit.data_parallel.zero import FlatShard
+from toolkit.experiments.collectives import _buffers, _elements, _runner
 from toolkit.models import GPTConfig, TinyGPT, TinyMLP, make_regression_data, make_token_data
-from toolkit.pipeline.executor import _shapes
+from toolkit.pipeline.stage import _shapes
 from toolkit.pipeline.work import delay_blocks
 from toolkit.recompute import CheckpointedGPT
 from toolkit.tensor_parallel import (
@@ -85,7 +86,7 @@ def test_flat_shard_keeps_parameters_on_their_device(device):
 
 def test_fsdp_flat_group_shard_and_buffer_on_the_parameters_device(device):
     model = TinyMLP(d_in=7, d_hidden=10, d_out=3, seed=0, device=device)
-    entries = [(p, [(model.layers[0], "weight")], n) for n, p in model.named_parameters()]
+    entries = [ParamInfo(p, n, [(model.layers[0], "weight")]) for n, p in model.named_parameters()]
     group = FlatGroup(entries, trainable=True, world_size=4, rank=2, compute_dtype=None,
                       group=None)
     _on(device, group.shard, group.full)

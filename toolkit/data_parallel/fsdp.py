@@ -83,7 +83,7 @@ class FlatGroup:
         self.world_size, self.group, self.trainable = world_size, group, trainable
         self.numel = sum(q.param.numel() for q in params)
         self.shard_numel = shard_numel(self.numel, world_size)
-        device = params[0][0].device  # shard and gathered buffer live where the parameters do
+        device = params[0].param.device  # shard and gathered buffer live where the parameters do
         flat = torch.zeros(world_size * self.shard_numel, dtype=torch.float32, device=device)
         self.entries: list[Entry] = []
         offset = 0
