@@ -119,17 +119,24 @@ def test_powersgd_view_and_explorer_report_bytes_and_the_compression_rule():
     gen = torch.Generator().manual_seed(1)
     matrices = {"wide": torch.randn(64, 64, generator=gen),
                 "thin": torch.randn(4, 4, generator=gen)}
-    fig, html = powersgd_view(matrices, layer="wide", rank=4)
-    assert f"{4 * 4 * 128:,} bytes instead of {4 * 64 * 64:,}" in html and "8.0× less" in html
+    fig, html_wide = powersgd_view(matrices, layer="wide", rank=4)
+    assert f"{4 * 4 * 128:,} bytes instead of {4 * 64 * 64:,}" in html_wide
+    assert "8.0× less" in html_wide
     (bars,) = [t for t in fig.data if t.type == "bar"]
     assert list(bars.y) == [4 * r * 128 for r in range(1, 9)]
     _, html = powersgd_view(matrices, layer="thin", rank=1, max_rank=4)
     assert "sent uncompressed" in html                  # 1·(4 + 4)·2 ≥ 16
     with pytest.raises(ValueError, match="layer must be one of"):
         powersgd_view(matrices, layer="nope", rank=1)
+    with pytest.raises(ValueError, match="rank must be in 1 … max_rank = 8"):
+        powersgd_view(matrices, layer="wide", rank=9)
+    known = powersgd_errors(matrices["wide"], range(1, 9))
+    assert powersgd_view(matrices, layer="wide", rank=4, errors=known)[1] == html_wide
     explorer = powersgd_explorer(matrices, rank=2, max_rank=8)
     assert f"{4 * 2 * 128:,} bytes" in explorer.verdict.value
     explorer.controls["rank"].value = 8
     assert f"{4 * 8 * 128:,} bytes" in explorer.verdict.value
+    explorer.controls["layer"].value = "thin"
+    assert "4 × 4" in explorer.figure.layout.title.text
     with pytest.raises(ValueError, match="matrices is empty"):
         powersgd_explorer({})

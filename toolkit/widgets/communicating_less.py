@@ -140,15 +140,19 @@ def powersgd_errors(matrix: Tensor, ranks: Sequence[int], *, seed: int = 0
     return out
 
 
-def powersgd_view(matrices: Mapping[str, Tensor], *, layer: str, rank: int,
-                  max_rank: int = 8) -> tuple[go.Figure, str]:
-    """(figure, verdict) for one gradient matrix at rank r."""
+def powersgd_view(matrices: Mapping[str, Tensor], *, layer: str, rank: int, max_rank: int = 8,
+                  errors: Mapping[str, Sequence[float]] | None = None) -> tuple[go.Figure, str]:
+    """(figure, verdict) for one gradient matrix at rank r; ``errors``: that layer's
+    `powersgd_errors` for r = 1 … max_rank, when already computed."""
     if layer not in matrices:
         raise ValueError(f"powersgd_view: layer must be one of {list(matrices)}, got {layer!r}")
+    if not 1 <= rank <= max_rank:
+        raise ValueError(f"powersgd_view: rank must be in 1 … max_rank = {max_rank}, got {rank}")
     matrix = matrices[layer]
     n, m = matrix.shape
     ranks = list(range(1, max_rank + 1))
-    errors = powersgd_errors(matrix, ranks)
+    if errors is None:
+        errors = powersgd_errors(matrix, ranks)
     sent = [4 * r * (n + m) for r in ranks]
     fig = rank_tradeoff(ranks, errors, sent, dense_bytes=4 * n * m, chosen=rank,
                         title=f"{layer}: {n} × {m}")
@@ -168,8 +172,14 @@ def powersgd_explorer(matrices: Mapping[str, Tensor], *, rank: int = 2,
     if not matrices:
         raise ValueError("powersgd_explorer: matrices is empty")
 
+    computed: dict[str, dict[str, list[float]]] = {}   # layer -> errors: the rank slider
+                                                        # only moves the marker
+
     def view(layer: str, rank: int) -> tuple[go.Figure, str]:
-        return powersgd_view(matrices, layer=layer, rank=rank, max_rank=max_rank)
+        if layer not in computed and layer in matrices:
+            computed[layer] = powersgd_errors(matrices[layer], range(1, max_rank + 1))
+        return powersgd_view(matrices, layer=layer, rank=rank, max_rank=max_rank,
+                             errors=computed.get(layer))
 
     return SliderExplorer(view, layer=W.Dropdown(options=list(matrices), description="layer"),
                           rank=W.IntSlider(value=rank, min=1, max=max_rank, description="rank r"))
