@@ -131,8 +131,7 @@ def _reference(kind, world_size, r, steps, start_iter):
 
 
 @pytest.mark.parametrize("kind, ddp_kind, world_size, r", [
-    ("mlp", "overlapped", 2, 1), ("mlp", "bucketed", 3, 2), ("gpt", "overlapped", 4, 2),
-    ("gpt", "bucketed", 2, 1),
+    ("mlp", "bucketed", 3, 2), ("gpt", "overlapped", 3, 2), ("gpt", "bucketed", 2, 1),
 ])
 def test_course_hook_matches_algorithms_1_and_2(kind, ddp_kind, world_size, r):
     steps, start_iter = 5, 1
@@ -171,7 +170,7 @@ def _one_item_grads(rank, world_size, ddp_kind, r):
     return grads
 
 
-@pytest.mark.parametrize("ddp_kind, world_size", [("course", 2), ("torch", 2), ("torch", 3)])
+@pytest.mark.parametrize("ddp_kind, world_size", [("course", 2), ("torch", 3)])
 def test_exact_when_the_mean_gradient_has_rank_at_most_r(ddp_kind, world_size):
     results = spawn(_one_item_grads, world_size, ddp_kind, world_size, timeout=TIMEOUT,
                     echo=False)
