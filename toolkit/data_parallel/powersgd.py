@@ -30,7 +30,8 @@ it makes is issued and waited for in the thread that calls the hook, so in the s
 every rank, and it returns a completed future. torch's own ``powerSGD_hook`` issues its second
 and third all-reduce from inside future callbacks: on gloo those run on the process group's
 worker threads when the previous all-reduce completes, so with several buckets the ranks
-issue their all-reduces in different orders and the job hangs (lesson 15). `in_order(hook)`
+issue their all-reduces in different orders: gloo pairs them by order, and a rank hangs or aborts
+(`Received data size doesn't match expected size`, lesson 15). `in_order(hook)`
 runs any hook to completion before returning, which makes torch's usable on gloo.
 `power_step` is Algorithm 1 in one process (no all-reduce), for looking at the error.
 
