@@ -21,14 +21,12 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
 
-from .. import comm
 from ..arguments import check_int, check_positive
 from ..data_parallel.ddp import BucketedDDP
 from ..data_parallel.local_sgd import DiLoCo, LocalSGD
 from ..launch import device, spawn
-from .training import Task
+from .training import Task, TrainedRun, mean_losses, train_recorded
 
 __all__ = ["METHODS", "Run", "Variant", "compare"]
 
@@ -98,7 +96,7 @@ def _inner(variant: Variant, params: Sequence[torch.nn.Parameter]) -> torch.opti
 
 
 def _train(rank: int, world_size: int, task: Task, variants: list[Variant], steps: int,
-           batch: int) -> list[dict]:
+           batch: int) -> list[TrainedRun]:
     dev = device()
     x, y = task.data(dev)
     out = []
@@ -114,25 +112,8 @@ def _train(rank: int, world_size: int, task: Task, variants: list[Variant], step
             opt = (LocalSGD(inner, sync_every=variant.sync_every) if variant.method == "local_sgd"
                    else DiLoCo(inner, sync_every=variant.sync_every, outer_lr=variant.outer_lr,
                                momentum=variant.outer_momentum))
-        losses, sent, calls = [], [], 0
-        for step in range(steps):
-            xb, yb = task.batch(x, y, step=step, rank=rank, world_size=world_size, batch=batch)
-            opt.zero_grad()
-            with comm.recording() as trace:
-                loss = task.loss(forward, xb, yb)
-                loss.backward()
-                opt.step()
-            reduces = trace.where(op="all_reduce")
-            sent.append(sum(e.nbytes for e in reduces))
-            calls += len(reduces)
-            losses.append(loss.item())
-        with torch.no_grad():
-            final = task.loss(model, *task.held_out(x, y)).item()
-        flat = torch.cat([p.detach().reshape(-1) for p in params])
-        copies = [torch.empty_like(flat) for _ in range(world_size)]
-        dist.all_gather(copies, flat)      # outside the recordings: not counted as traffic
-        out.append(dict(losses=losses, sent=sent, calls=calls, final=final, numel=flat.numel(),
-                        equal=all(torch.equal(c, copies[0]) for c in copies)))
+        out.append(train_recorded(task, model, forward, opt, x, y, steps=steps, rank=rank,
+                                  world_size=world_size, batch=batch))
     return out
 
 
@@ -147,12 +128,12 @@ def compare(variants: Sequence[Variant], *, task: Task | None = None, world_size
     task = task or Task()
     results = spawn(_train, world_size, task, list(variants), steps, batch, timeout=timeout,
                     echo=False)
+    numel = sum(p.numel() for p in task.model().parameters() if p.requires_grad)   # Ψ
     runs = []
     for i, variant in enumerate(variants):
         per_rank = [r[i] for r in results]
-        runs.append(Run(variant=variant,
-                        losses=[sum(v) / world_size for v in zip(*(r["losses"] for r in per_rank))],
-                        bytes_per_step=per_rank[0]["sent"], all_reduces=per_rank[0]["calls"],
-                        final_loss=per_rank[0]["final"], replicas_equal=per_rank[0]["equal"],
-                        numel=per_rank[0]["numel"]))
+        runs.append(Run(variant=variant, losses=mean_losses(per_rank),
+                        bytes_per_step=per_rank[0].sent, all_reduces=sum(per_rank[0].calls),
+                        final_loss=per_rank[0].final, replicas_equal=per_rank[0].equal,
+                        numel=numel))
     return runs

@@ -24,16 +24,14 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
 from torch.nn.parallel import DistributedDataParallel
 
-from .. import comm
 from ..arguments import check_int, check_positive
 from ..data_parallel.ddp import OverlappedDDP
 from ..data_parallel.powersgd import PowerSGDState, in_order, powersgd_hook
 from ..launch import device, spawn
-from .training import Task
+from .training import Task, TrainedRun, mean_losses, train_recorded
 
 __all__ = ["HookRun", "HookVariant", "START_ITER", "compare"]
 
@@ -97,7 +95,7 @@ def _wrap(variant: HookVariant, model: torch.nn.Module, cap_mb: float) -> torch.
 
 
 def _train(rank: int, world_size: int, task: Task, variants: list[HookVariant], steps: int,
-           batch: int, lr: float, cap_mb: float) -> list[dict]:
+           batch: int, lr: float, cap_mb: float) -> list[TrainedRun]:
     dev = device()
     x, y = task.data(dev)
     out = []
@@ -105,25 +103,8 @@ def _train(rank: int, world_size: int, task: Task, variants: list[HookVariant], 
         model = task.model(dev)
         ddp = _wrap(variant, model, cap_mb)
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-        losses, sent, calls = [], [], []
-        for step in range(steps):
-            xb, yb = task.batch(x, y, step=step, rank=rank, world_size=world_size, batch=batch)
-            opt.zero_grad()
-            with comm.recording() as trace:
-                loss = task.loss(ddp, xb, yb)
-                loss.backward()
-            reduces = trace.where(op="all_reduce")
-            sent.append(sum(e.nbytes for e in reduces))
-            calls.append(len(reduces))
-            opt.step()
-            losses.append(loss.item())
-        with torch.no_grad():
-            final = task.loss(model, *task.held_out(x, y)).item()
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        copies = [torch.empty_like(flat) for _ in range(world_size)]
-        dist.all_gather(copies, flat)
-        out.append(dict(losses=losses, sent=sent, calls=calls, final=final,
-                        equal=all(torch.equal(c, copies[0]) for c in copies)))
+        out.append(train_recorded(task, model, ddp, opt, x, y, steps=steps, rank=rank,
+                                  world_size=world_size, batch=batch))
     return out
 
 
@@ -143,9 +124,7 @@ def compare(variants: Sequence[HookVariant], *, task: Task | None = None, world_
     runs = []
     for i, variant in enumerate(variants):
         per_rank = [r[i] for r in results]
-        runs.append(HookRun(
-            variant=variant,
-            losses=[sum(v) / world_size for v in zip(*(r["losses"] for r in per_rank))],
-            bytes_per_step=per_rank[0]["sent"], calls_per_step=per_rank[0]["calls"],
-            final_loss=per_rank[0]["final"], replicas_equal=per_rank[0]["equal"]))
+        runs.append(HookRun(variant=variant, losses=mean_losses(per_rank),
+                            bytes_per_step=per_rank[0].sent, calls_per_step=per_rank[0].calls,
+                            final_loss=per_rank[0].final, replicas_equal=per_rank[0].equal))
     return runs

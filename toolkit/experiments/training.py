@@ -11,15 +11,18 @@ one process would with a batch of p·b. The last `eval_items` items are held out
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import comm
 from ..arguments import check_int
 from ..models import GPTConfig, TinyGPT, TinyMLP, make_regression_data, make_token_data
 
-__all__ = ["GPT_CONFIG", "MLP_SIZES", "Task"]
+__all__ = ["GPT_CONFIG", "MLP_SIZES", "Task", "TrainedRun", "mean_losses", "train_recorded"]
 
 GPT_CONFIG = GPTConfig(vocab_size=32, seq_len=8, d_model=32, n_head=2, n_layer=2)
 """The lesson's TinyGPT: 26,752 parameters, a few milliseconds a step on a CPU core."""
@@ -77,3 +80,52 @@ class Task:
     def held_out(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """The held-out items."""
         return x[self.items:], y[self.items:]
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    """What `train_recorded` returns for one rank."""
+
+    losses: list[float]
+    """Training loss per step (this rank's batch)."""
+    sent: list[int]
+    """Bytes this rank passed to all-reduce per step."""
+    calls: list[int]
+    """All-reduces per step."""
+    final: float
+    """Loss of the final model on the held-out items."""
+    equal: bool
+    """Every rank ended with bitwise the same parameters."""
+
+
+def train_recorded(task: Task, model: nn.Module, forward: nn.Module, opt: torch.optim.Optimizer,
+                   x: Tensor, y: Tensor, *, steps: int, rank: int, world_size: int,
+                   batch: int) -> TrainedRun:
+    """``steps`` steps of ``opt`` on ``forward`` (``model`` or a DDP wrapper of it), rank r
+    taking `Task.batch`'s items, each step's backward and ``opt.step()`` under
+    `comm.recording()` (so a local-SGD optimizer's all-reduce counts too); then the held-out
+    loss and an all-gather of the parameters, outside any recording. Call on every rank."""
+    losses, sent, calls = [], [], []
+    for step in range(steps):
+        xb, yb = task.batch(x, y, step=step, rank=rank, world_size=world_size, batch=batch)
+        opt.zero_grad()
+        with comm.recording() as trace:
+            loss = task.loss(forward, xb, yb)
+            loss.backward()
+            opt.step()
+        reduces = trace.where(op="all_reduce")
+        sent.append(sum(e.nbytes for e in reduces))
+        calls.append(len(reduces))
+        losses.append(loss.item())
+    with torch.no_grad():
+        final = task.loss(model, *task.held_out(x, y)).item()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    copies = [torch.empty_like(flat) for _ in range(world_size)]
+    dist.all_gather(copies, flat)
+    return TrainedRun(losses=losses, sent=sent, calls=calls, final=final,
+                      equal=all(torch.equal(c, copies[0]) for c in copies))
+
+
+def mean_losses(per_rank: Sequence[TrainedRun]) -> list[float]:
+    """The training loss per step, averaged over the ranks' runs."""
+    return [sum(v) / len(per_rank) for v in zip(*(r.losses for r in per_rank))]
