@@ -34,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(ROOT / "benchmarks"))   # lesson_resources: one way to run a lesson
 import render  # noqa: E402  (website/render.py, beside this file)
 
 TITLE = "Distributed deep-learning training, hands on"
@@ -68,39 +69,34 @@ def course_pages(root: Path = ROOT) -> Pages:
     return Pages("lessons/README.md", [f"lessons/{n}" for n in ordered], labs, docs)
 
 
-def execute_lesson(src: str, dst: str) -> float:
-    """Run one notebook top to bottom in a fresh kernel; write it with outputs to dst. Seconds."""
-    import nbformat
-    from nbclient import NotebookClient
+def execute_lesson(src: str, dst: str) -> tuple[float, int]:
+    """Run one notebook top to bottom in a fresh kernel (benchmarks/lesson_resources.py, which
+    also measures the lesson's peak memory); write it with outputs to dst. (seconds, bytes)."""
+    from lesson_resources import run
 
-    start = time.monotonic()
-    nb = nbformat.read(src, as_version=4)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                            resources={"metadata": {"path": str(Path(src).parent)}},
-                            store_widget_state=True)
-    client.execute()  # raises CellExecutionError (with the cell and traceback) on an error
-    nbformat.write(nb, dst)
-    return time.monotonic() - start
+    return run(Path(src), save_to=Path(dst))  # raises CellExecutionError if a cell fails
 
 
-def execute_lessons(lessons: list[str], staging: Path, *, jobs: int) -> dict[str, float]:
+def execute_lessons(lessons: list[str], staging: Path, *, jobs: int
+                    ) -> dict[str, tuple[float, int]]:
     """Execute lessons `jobs` at a time; a failure stops the build with the lesson's name."""
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: expected at least 1 notebook at a time")
-    seconds: dict[str, float] = {}
+    measured: dict[str, tuple[float, int]] = {}
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = {rel: pool.submit(execute_lesson, str(ROOT / rel), str(staging / rel))
                    for rel in lessons}
         for rel, future in futures.items():
             try:
-                seconds[rel] = future.result()
+                measured[rel] = future.result()
             except Exception as err:
                 for other in futures.values():
                     other.cancel()
                 raise SystemExit(f"site build failed: {rel} did not run to the end:\n"
                                  f"{err}") from err
-            print(f"executed {rel} in {seconds[rel]:.1f} s", flush=True)
-    return seconds
+            wall, peak = measured[rel]
+            print(f"executed {rel} in {wall:.1f} s, peak {peak / 2**20:.0f} MB (PSS)", flush=True)
+    return measured
 
 
 def selected(lessons: list[str], execute: str) -> list[str]:
