@@ -110,7 +110,8 @@ def test_a_plotly_output_becomes_a_figure_and_escapes_its_script() -> None:
 
 
 def test_a_widget_is_drawn_from_its_saved_state_with_the_figure_inside() -> None:
-    fig = {"output_type": "display_data", "data": {render.PLOTLY: {"data": [], "layout": {}}}}
+    fig = {"output_type": "display_data",
+           "data": {render.PLOTLY: {"data": [{"y": [3, 1]}], "layout": {}}}}
     models = {
         "box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_s", "IPY_MODEL_o"]}},
         "s": {"model_name": "FloatLogSliderModel",
@@ -120,6 +121,7 @@ def test_a_widget_is_drawn_from_its_saved_state_with_the_figure_inside() -> None
     got = page(**models).bundle({render.WIDGET: '{"model_id": "box"}', "text/plain": "VBox()"})
     assert "widget-static" in got and "params" in got and "<output>1e+09</output>" in got
     assert 'min="1000000" max="1000000000000"' in got and got.count("plotly-figure") == 1
+    assert '{"data": [{"y": [3, 1]}], "layout": {}}' in got   # the figure itself, not null
 
 
 # -- one real build -----------------------------------------------------------------------------
@@ -191,8 +193,11 @@ def test_every_internal_link_of_the_site_resolves(site: tuple[Path, str]) -> Non
 
 @pytest.fixture(scope="module")
 def served(site: tuple[Path, str]) -> Iterator[str]:
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site[0]))
-    handler.log_message = lambda *args: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(site[0]))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

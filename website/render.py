@@ -132,7 +132,9 @@ class Page:
         if kind == "error":
             trace = ANSI.sub("", "\n".join(out.get("traceback", [])))
             return f'<pre class="error">{esc(trace)}</pre>'
-        data = {mime: (v.get("content") if isinstance(v, dict) else v)
+        # MyST wraps each MIME entry as {content, content_type}; a raw Jupyter output (an Output
+        # widget's saved state) holds the value itself, a plotly figure as a dict.
+        data = {mime: (v["content"] if isinstance(v, dict) and "content_type" in v else v)
                 for mime, v in (out.get("data") or {}).items()}
         return self.bundle(data)
 
