@@ -89,7 +89,7 @@ def nbgitpuller_url(hub: str, *, repo: str, branch: str = "main", path: str = "l
     if path.startswith("/") or ".." in path.split("/"):
         raise ValueError(f"path={path!r}: expected a path inside the repository, "
                          "e.g. 'lessons/README.md'")
-    opened = f"{app}/tree/{target}/{path}".rstrip("/")
+    opened = (f"lab/tree/{target}/{path}" if app == "lab" else f"tree/{target}/{path}").rstrip("/")
     query = urlencode({"repo": repo, "branch": branch, "targetpath": target, "urlpath": opened},
                       quote_via=quote, safe="")
     return f"{hub.rstrip('/')}/hub/user-redirect/git-pull?{query}"
