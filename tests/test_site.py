@@ -109,6 +109,21 @@ def test_a_plotly_output_becomes_a_figure_and_escapes_its_script() -> None:
     assert plain == '<pre class="text-output">&lt;tensor&gt;</pre>'
 
 
+def test_a_large_output_myst_saved_as_a_file_is_read_back(tmp_path: Path) -> None:
+    (tmp_path / "ab12.json").write_text('{"data": [{"y": [5]}], "layout": {}}')
+    p = render.Page(location="lessons/x.ipynb", slugs=set(), repo="o/r", widgets={},
+                    public=tmp_path)
+    out = {"output_type": "display_data", "data": {
+        render.PLOTLY: {"content_type": render.PLOTLY, "hash": "ab12", "path": "/ab12.json"}}}
+    assert '{"data": [{"y": [5]}], "layout": {}}' in p.output(out)
+    png = {"output_type": "display_data", "data": {
+        "image/png": {"content_type": "image/png", "hash": "cd", "path": "/cd.png"}}}
+    assert p.output(png) == '<img class="output" src="cd.png" alt="">'
+    out["data"][render.PLOTLY]["path"] = "/missing.json"
+    with pytest.raises(FileNotFoundError, match="lessons/x.ipynb.*'missing.json'"):
+        p.output(out)
+
+
 def test_a_widget_is_drawn_from_its_saved_state_with_the_figure_inside() -> None:
     fig = {"output_type": "display_data",
            "data": {render.PLOTLY: {"data": [{"y": [3, 1]}], "layout": {}}}}

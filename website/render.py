@@ -36,11 +36,17 @@ def esc(text: str) -> str:
     return html.escape(text, quote=True)
 
 
+class FileRef(str):
+    """A binary output MyST saved as a file of the site (an image): drawn by its address."""
+
+
 class Page:
     """Turns one page's AST into HTML; knows the site's pages for its links."""
 
-    def __init__(self, *, location: str, slugs: set[str], repo: str, widgets: dict[str, Any]):
+    def __init__(self, *, location: str, slugs: set[str], repo: str, widgets: dict[str, Any],
+                 public: Path | None = None):
         self.location = location.lstrip("/")   # the page's source, repository-relative
+        self.public = public                   # MyST's public/: large outputs saved as files
         self.slugs = slugs
         self.repo = repo
         self.widgets = widgets                 # model_id -> {model_name, state, ...}
@@ -132,11 +138,23 @@ class Page:
         if kind == "error":
             trace = ANSI.sub("", "\n".join(out.get("traceback", [])))
             return f'<pre class="error">{esc(trace)}</pre>'
-        # MyST wraps each MIME entry as {content, content_type}; a raw Jupyter output (an Output
-        # widget's saved state) holds the value itself, a plotly figure as a dict.
-        data = {mime: (v["content"] if isinstance(v, dict) and "content_type" in v else v)
-                for mime, v in (out.get("data") or {}).items()}
-        return self.bundle(data)
+        return self.bundle({mime: self.value(v) for mime, v in (out.get("data") or {}).items()})
+
+    def value(self, v: Any) -> Any:
+        """MyST wraps each MIME entry as {content, content_type}, or, when large, {path, hash}
+        of a file it saved in public/; a raw Jupyter output (an Output widget's saved state)
+        holds the value itself (a plotly figure as a dict)."""
+        if not (isinstance(v, dict) and "content_type" in v):
+            return v
+        if "content" in v:
+            return v["content"]
+        path = str(v.get("path", "")).lstrip("/")
+        if v["content_type"].startswith("image/") and v["content_type"] != "image/svg+xml":
+            return FileRef(path)
+        if self.public is None or not (self.public / path).is_file():
+            raise FileNotFoundError(f"{self.location}: output {v['content_type']} saved as "
+                                    f"{path!r}, which MyST's public/ folder does not hold")
+        return (self.public / path).read_text()
 
     def bundle(self, data: dict[str, Any]) -> str:
         """The richest representation of a MIME bundle that a static page can show."""
@@ -159,7 +177,9 @@ class Page:
             return f'<div class="html-output">{data["text/html"]}</div>'
         for mime in ("image/png", "image/jpeg", "image/gif"):
             if mime in data:
-                return f'<img class="output" src="data:{mime};base64,{data[mime]}" alt="">'
+                src = (data[mime] if isinstance(data[mime], FileRef)
+                       else f"data:{mime};base64,{data[mime]}")
+                return f'<img class="output" src="{esc(src)}" alt="">'
         if "image/svg+xml" in data:
             return f'<div class="svg-output">{data["image/svg+xml"]}</div>'
         for mime in ("text/markdown", "text/latex", "text/plain"):
@@ -230,7 +250,7 @@ def render_site(myst_site: Path, staging: Path, out: Path, *, executed: set[str]
         content = json.loads((myst_site / "content" / f"{p['slug']}.json").read_text())
         location = content.get("location", "").lstrip("/")
         page = Page(location=location, slugs=slugs, repo=repo,
-                    widgets=notebook_widgets(staging / location))
+                    widgets=notebook_widgets(staging / location), public=myst_site / "public")
         body = page.node(content["mdast"])
         title = content.get("frontmatter", {}).get("title") or p.get("title", "")
         filled = (shell.replace("{{site}}", esc(project.get("title", "")))
