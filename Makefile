@@ -123,7 +123,7 @@ node: | $(STAMP)  ## install Node.js for the website build if missing (Debian, a
 # Every lesson executed once (2 at a time), parsed by Jupyter Book 2 / MyST, drawn as HTML:
 # build/site/html. SITE_ARGS: --execute NAMES (a subset), --jobs N, --repo OWNER/NAME (Binder).
 site: setup node  ## build the course website into build/site/html (runs every lesson once)
-	$(BIN)/python website/build.py $(SITE_ARGS)
+	$(BIN)/python website/site_build.py $(SITE_ARGS)
 
 # On a GPU node, after installing a CUDA build of torch into .venv: what docs/cluster.md lists.
 # Without a CUDA torch and 2 GPUs it stops at once with a message (exit 2).

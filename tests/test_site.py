@@ -1,5 +1,5 @@
-"""The course website (website/build.py, `make site`): which pages it takes, how it draws MyST's
-AST, and one real build browsed in Chromium.
+"""The course website (website/site_build.py, `make site`): which pages it takes, how it draws
+MyST's AST, and one real build browsed in Chromium.
 
 The full build executes every lesson (minutes: the README gives the figure); the suite already
 runs every lesson twice (nbval, tests/test_browser.py), so the build here executes one lesson,
@@ -24,8 +24,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "website"))
-import build  # noqa: E402  (website/build.py)
-import render  # noqa: E402
+import site_build as build  # noqa: E402  (website/site_build.py)
+import site_render as render  # noqa: E402
 
 from toolkit.hub import lesson_resources  # noqa: E402
 

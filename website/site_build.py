@@ -12,11 +12,11 @@ Steps (each a function below, `main` runs them in order):
 3. myst: `jupyter-book build --site` parses every page into MyST's AST (links between pages
    resolved, notebooks copied as downloads). MyST's own HTML themes are downloaded from the
    internet at build time, so the site template here is a local, empty one: MyST's `--site`
-   output (content/*.json) is drawn by website/render.py instead, which needs no network.
+   output (content/*.json) is drawn by website/site_render.py instead, which needs no network.
 4. render: one HTML page per MyST page, plotly figures interactive (plotly.js from the plotly
    package), widgets as their saved state, a "run it live" link per lesson.
 
-Usage: python website/build.py [--out build/site] [--execute all|none|NAME,...] [--jobs 2]
+Usage: python website/site_build.py [--out build/site] [--execute all|none|NAME,...] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(ROOT / "benchmarks"))   # lesson_resources: one way to run a lesson
-import render  # noqa: E402  (website/render.py, beside this file)
+import site_render as render  # noqa: E402  (website/site_render.py, beside this file)
 
 TITLE = "Distributed deep-learning training, hands on"
 CELL_TIMEOUT_S = 300      # one cell; a lesson runs in well under a minute, a busy machine slower
@@ -133,10 +133,10 @@ def stage(pages: Pages, staging: Path) -> None:
         shutil.copytree(src, staging / src.relative_to(ROOT), dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("hidden", "__pycache__", ".ipynb_*"))
     # MyST needs a site template; its own are downloaded at build time. This local one is empty:
-    # `--site` only writes MyST's AST, which render.py draws.
+    # `--site` only writes MyST's AST, which site_render.py draws.
     template = staging / "_template"
     template.mkdir()
-    (template / "template.yml").write_text("myst: v1\nkind: site\ntitle: course (render.py)\n")
+    (template / "template.yml").write_text("myst: v1\nkind: site\ntitle: course (site_render.py)\n")
     (template / "package-lock.json").write_text("{}\n")
     config = {"version": 1,
               "project": {"title": TITLE, "toc": toc(pages)},

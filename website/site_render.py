@@ -19,7 +19,7 @@ from typing import Any
 
 import plotly
 
-from widgets_static import render_widget  # website/widgets_static.py
+from site_widgets import render_widget  # website/site_widgets.py
 
 STATIC = Path(__file__).resolve().parent / "static"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
