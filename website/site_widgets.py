@@ -9,6 +9,7 @@ widget's captured outputs (the explorer's figure) drawn by the page's own output
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -52,10 +53,10 @@ def render_widget(model_id: str, models: dict[str, Any],
             value = state.get("value", 0)
             lo, hi = state.get("min", 0), state.get("max", 100)
             shown = f"{value:g}" if isinstance(value, (int, float)) else str(value)
-            if name == "FloatLogSliderModel":  # min/max are exponents of `base`
+            if name == "FloatLogSliderModel":  # min/max are exponents of `base`: so is the knob
                 base = state.get("base", 10)
                 shown = f"{value:.3g}"
-                lo, hi = base ** lo, base ** hi
+                value = math.log(value, base) if value > 0 else lo
             if isinstance(value, list):
                 value = value[0]
         return (f'<label class="widget-slider">{_label(state)}<input type="range" disabled '
