@@ -56,7 +56,7 @@ def render_widget(model_id: str, models: dict[str, Any],
             if name == "FloatLogSliderModel":  # min/max are exponents of `base`: so is the knob
                 base = state.get("base", 10)
                 shown = f"{value:.3g}"
-                value = math.log(value, base) if value > 0 else lo
+                value = round(math.log(value, base), 6) if value > 0 else lo
             if isinstance(value, list):
                 value = value[0]
         return (f'<label class="widget-slider">{_label(state)}<input type="range" disabled '
