@@ -212,7 +212,7 @@ def nav_html(pages: list[dict[str, Any]], current: str) -> str:
     return "<ul>" + "".join(items) + "</ul>"
 
 
-def live_bar(location: str, *, executed: bool, repo: str) -> str:
+def live_bar(location: str, *, executed: bool, repo: str, download: str = "") -> str:
     """For a lesson: where to run it (JupyterLab from `make lab`, Binder) and its download."""
     if not location.endswith(".ipynb") or not location.startswith("lessons/"):
         return ""
@@ -222,7 +222,9 @@ def live_bar(location: str, *, executed: bool, repo: str) -> str:
             '<p class="not-executed">This build did not execute this lesson: code without '
             "outputs. The full site (<code>make site</code>) shows every output.</p>")
     return (f'<div class="run-live">Run it live: <a href="{local}">JupyterLab</a> '
-            f"(after <code>make lab</code>) · <a href=\"{binder}\">Binder</a>. Sliders and "
+            f"(after <code>make lab</code>) · <a href=\"{binder}\">Binder</a>"
+            + (f' · <a href="{esc(download)}" download>the notebook</a>' if download else "")
+            + ". Sliders and "
             f"figures here are a saved copy of one run.</div>{note}")
 
 
@@ -252,12 +254,15 @@ def render_site(myst_site: Path, staging: Path, out: Path, *, executed: set[str]
         page = Page(location=location, slugs=slugs, repo=repo,
                     widgets=notebook_widgets(staging / location), public=myst_site / "public")
         body = page.node(content["mdast"])
-        title = content.get("frontmatter", {}).get("title") or p.get("title", "")
+        front = content.get("frontmatter", {})
+        title = front.get("title") or p.get("title", "")
+        download = next((e["url"].lstrip("/") for e in front.get("exports", [])
+                         if e.get("format") == "ipynb" and e.get("url")), "")
         filled = (shell.replace("{{site}}", esc(project.get("title", "")))
                   .replace("{{title}}", esc(title))
                   .replace("{{nav}}", nav_html(pages, p["slug"]))
                   .replace("{{live}}", live_bar(location, executed=location in executed,
-                                                repo=repo))
+                                                repo=repo, download=download))
                   .replace("{{body}}", body))
         (out / f"{p['slug']}.html").write_text(filled)
     return len(slugs)
