@@ -155,7 +155,7 @@ def test_switch_points_and_fastest_follow_the_model():
     (lambda: viz.predicted_times(4, LINK, algorithms=["ring", "butterfly"]), ValueError,
      "butterfly"),
     (lambda: viz.predicted_times(4, LINK, algorithms=[]), ValueError, "no algorithms"),
-    (lambda: viz.predicted_times(4, LINK, collective="all_to_all"), ValueError, "no cost model"),
+    (lambda: viz.predicted_times(4, LINK, collective="permute"), ValueError, "no cost model"),
     (lambda: viz.predicted_times(4, LINK, (1e3, 1e6), mark=1e9), ValueError, "outside"),
     (lambda: viz.cost_terms(LINK, 1e6, []), ValueError, "at least one"),
     (lambda: viz.cost_terms(LINK, 0, [4]), ValueError, "> 0"),
