@@ -1,0 +1,48 @@
+"""What a rank may read and write (Landlock's lists), computed by the grader for each rank.
+
+Read: the interpreter and its packages, the system libraries, a few files of /etc the C
+library and Python read (not the folder: as uid 0 without capabilities a rank still owns every
+root-owned file, /etc/shadow included), /proc and /sys (Python and torch read their own
+entries), the random devices, the lab's code folder (the student's files and the lab's
+harness), the rank-side half of the grader (``autograder/sandbox``), and the `toolkit` modules a
+lab names (`LabInfo.sandbox_modules`, e.g. the tiny models). Write: the rank's own folder (plain
+files and folders only) and /dev/null. Nothing else: no other rank's folder, no /dev/shm, no
+device node, not the lab (reference solution, hidden checks).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import toolkit
+
+ETC = ("/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf",
+       "/etc/os-release")
+DEV_READ = ("/dev/urandom", "/dev/random", "/dev/zero")
+DEV_WRITE = ("/dev/null",)
+SANDBOX = Path(__file__).resolve().parent
+
+
+def rank_paths(code: Path, home: Path, toolkit_modules=()) -> tuple[list[str], list[str], list[str]]:
+    """(read, write, list_only) for `landlock.restrict` for a rank whose lab files are in
+    `code` and whose own folder is `home`."""
+    pkg = Path(toolkit.__file__).resolve().parent
+    read = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+            "/usr", "/lib", "/lib64", "/lib32", "/proc", "/sys", "/bin", *ETC, *DEV_READ,
+            str(Path(sys.executable).resolve().parent.parent)}
+    for entry in sys.path:  # site-packages and friends (a venv's may sit outside its prefix)
+        if entry and Path(entry).is_dir() and "site-packages" in entry:
+            read.add(entry)
+    read.add(str(pkg / "__init__.py"))
+    for name in toolkit_modules:  # what a lab's harness needs (LabInfo.sandbox_modules)
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"sandbox module {name!r} must be a plain toolkit module name")
+        read |= {str(pkg / name), str(pkg / f"{name}.py")}
+    read |= {str(SANDBOX), str(SANDBOX.parent / "__init__.py"), str(code)}
+    write = [str(home), *DEV_WRITE]
+    list_only = [str(pkg), str(SANDBOX.parent)]
+    return sorted(read), write, list_only
+
+
+__all__ = ["rank_paths"]
