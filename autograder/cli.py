@@ -24,7 +24,8 @@ LABS_ROOT = Path(__file__).resolve().parent.parent / "labs"
 
 
 def _resolve(path: Path, lab: str | None) -> tuple[Path, Path]:
-    """(lab folder, submission) from `grade`'s arguments."""
+    """(lab folder, submission) from `grade`'s arguments. A slug is looked up in the labs root
+    only (never in the current folder); a lab given as a path is taken as given."""
     if lab:
         return find_lab(lab, LABS_ROOT), path
     if (path / "checks.py").is_file():
@@ -126,11 +127,12 @@ def parser() -> argparse.ArgumentParser:
                        "a report (and, with --json, write Gradescope's results.json).")
     g.add_argument("path", type=Path, help="a lab folder (your work in it is graded), a "
                    "submission folder, or the student file itself")
-    g.add_argument("--lab", help="lab slug or folder (needed unless PATH is a lab folder)")
+    g.add_argument("--lab", help="lab slug, looked up in this project's labs/ only (e.g. "
+                   "01_collectives), or a lab folder given as a path (./x, a/b, /abs)")
     g.add_argument("--json", type=Path, help="write results.json here")
     g.add_argument("--no-hidden", action="store_true", help="run the visible checks only")
-    g.add_argument("--timeout", type=float, help="wall-clock seconds for the whole grade "
-                   "(default 180)")
+    g.add_argument("--timeout", type=float, help="total budget of the whole grade, wall-clock "
+                   "seconds (default 180)")
     g.add_argument("--no-color", action="store_true", help="plain text report")
     g.set_defaults(run=_grade)
 

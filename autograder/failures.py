@@ -122,8 +122,7 @@ def classify_end(end: RankEnd, module: str, log: str = "",
     if exc == "MemoryError" or "can't allocate memory" in message or "bad_alloc" in message:
         return "memory_limit", f"Rank {rank} ran out of memory{at} ({text})."
     if "No space left on device" in message or "[Errno 28]" in message:
-        return "disk_limit", (f"Rank {rank}{at}: {text}. A launch may write at most its disk "
-                              "limit, in at most 10,000 files and folders.")
+        return "disk_limit", f"Rank {rank}{at}: {text}: its folder is full."
     if exc == "BlockingIOError" or "Resource temporarily unavailable" in message:
         return "process_limit", f"Rank {rank} could not start another process{at} ({text})."
     if exc == "PermissionError" and re.search(r"results\.json'?$", message):

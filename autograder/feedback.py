@@ -61,7 +61,8 @@ def _mostly_different(got, want: torch.Tensor) -> bool:
     return float(same.double().mean()) < 0.5
 
 
-def chunk_permutation(got: torch.Tensor, want: torch.Tensor, bounds: Sequence[tuple[int, int]]) -> bool:
+def chunk_permutation(got: torch.Tensor, want: torch.Tensor,
+                      bounds: Sequence[tuple[int, int]]) -> bool:
     """Whether `got` holds `want`'s chunks in another order (chunk-aligned, equal sizes)."""
     if not isinstance(got, torch.Tensor) or got.shape != want.shape or len(bounds) < 2:
         return False
@@ -126,12 +127,14 @@ __all__ = ["TOLERANCE", "chunk_permutation", "close", "compare_outputs", "descri
            "unexplained_message"]
 
 
-def _sums(flats: list[torch.Tensor], a: int, b: int, sets) -> list[tuple[tuple[int, ...], torch.Tensor]]:
+def _sums(flats: list[torch.Tensor], a: int, b: int,
+          sets) -> list[tuple[tuple[int, ...], torch.Tensor]]:
     return [(s, sum(flats[i][a:b] for i in s)) for s in sets]
 
 
 def unexplained_message(r: CaseResult, bounds: Sequence[tuple[int, int]], *,
-                        sets: Sequence[Sequence[int]] | None = None, case: str = "") -> Verdict | None:
+                        sets: Sequence[Sequence[int]] | None = None,
+                        case: str = "") -> Verdict | None:
     """A failed verdict for the first message (as the courier saw it) whose values are not,
     for any chunk ``bounds[j]``, the sum of the inputs of one of `sets` of ranks (default:
     every non-empty set); None when every message is explained. Messages whose bytes the

@@ -31,6 +31,7 @@ from .sandbox.courier import CasePlan
 from .sandbox.files import remove
 from .sandbox.launch import Job, LaunchPlan
 from .sandbox.limits import Limits
+from .sandbox.scratch import unmount_below
 from .sandbox.session import run_session
 
 HARNESS = "_lab_harness.py"
@@ -58,7 +59,8 @@ def _files(lab: Lab, submission: Path) -> tuple[dict[str, bytes], list[str]]:
     wanted, found = list(lab.info.student_files), {}
     if submission.is_file():
         if submission.name in wanted or len(wanted) == 1:
-            found[submission.name if submission.name in wanted else wanted[0]] = submission.read_bytes()
+            name = submission.name if submission.name in wanted else wanted[0]
+            found[name] = submission.read_bytes()
     elif submission.is_dir():
         for name in wanted:
             hits = [submission / name] + sorted(submission.rglob(name))
@@ -170,6 +172,7 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
     try:
         run = run_session(job, launches, limits or Limits(), workdir)
     finally:
+        unmount_below(workdir)  # a launch's tmpfs, should a failure have skipped its cleanup
         remove(workdir)
     result.sandbox = run.sandbox
     if run.missing:

@@ -156,7 +156,8 @@ def find_lab(name_or_path: str | Path, labs_root: Path | None = None) -> Path:
             return path.resolve()
         raise ValueError(f"{path} is not a lab folder (no checks.py in it)")
     matches = sorted(p for p in root.glob("*/checks.py") if p.parent.name in
-                     (str(name_or_path), f"{name_or_path}") or p.parent.name.endswith(f"_{name_or_path}"))
+                     (str(name_or_path), f"{name_or_path}")
+                     or p.parent.name.endswith(f"_{name_or_path}"))
     if len(matches) == 1:
         return matches[0].parent
     known = ", ".join(sorted(p.parent.name for p in root.glob("*/checks.py"))) or "none"

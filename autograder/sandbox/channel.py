@@ -28,7 +28,7 @@ import torch
 
 HEADER = struct.Struct("<II")
 MAX_META = 4 << 20          # bytes of JSON per frame
-MAX_PAYLOAD = 512 << 20     # bytes of tensor data per frame
+MAX_PAYLOAD = 64 << 20      # bytes of tensor data per frame
 MAX_DEPTH = 32              # nesting of lists and dicts in a tree
 DTYPES = {name: getattr(torch, name) for name in (
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
@@ -42,7 +42,8 @@ class FrameError(ValueError):
 def encode_frame(meta: dict, payload: bytes = b"") -> bytes:
     raw = json.dumps(meta, separators=(",", ":")).encode()
     if len(raw) > MAX_META or len(payload) > MAX_PAYLOAD:
-        raise FrameError(f"frame too large: {len(raw):,} bytes of meta, {len(payload):,} of payload")
+        raise FrameError(f"frame too large: {len(raw):,} bytes of meta, {len(payload):,} of "
+                         "payload")
     return HEADER.pack(len(raw), len(payload)) + raw + payload
 
 
@@ -187,7 +188,8 @@ def unpack(tree: Any, payload: bytes) -> Any:
             if "__dict__" in node:
                 items = node["__dict__"]
                 if not isinstance(items, list) or not all(
-                        isinstance(i, list) and len(i) == 2 and isinstance(i[0], str) for i in items):
+                        isinstance(i, list) and len(i) == 2 and isinstance(i[0], str)
+                        for i in items):
                     raise FrameError("bad dict node")
                 return {k: walk(v, depth + 1) for k, v in items}
             if "__float__" in node:

@@ -10,7 +10,8 @@ Run by the fork server's child (`autograder.sandbox.zygote`), still trusted code
 4. rlimits (`limits.apply_rlimits`), then the grade's uid or no capabilities (`limits.become`);
 5. Landlock: read the `paths.rank_paths` list, write only its own folder (plain files) and
    /dev/null, no TCP, signals and abstract sockets scoped to itself;
-6. the seccomp filter (`seccomp`), last, since it refuses calls the steps above make.
+6. the seccomp filter (`seccomp`), last, since it refuses calls the steps above make;
+7. its working folder is the code folder (read-only); HOME and TMPDIR are its own folder.
 
 Returns what it could apply, in words; the rank sends that as its first frame (before any
 student code has run, so the grader may trust it) and the grade's report names what is missing.
@@ -57,7 +58,7 @@ def confine(spec: dict, *, channel: int, out: int, err: int) -> dict:
         read, write, listing = rank_paths(Path(spec["code"]), home, spec.get("toolkit", ()))
         landlock.restrict(read, write, listing, write_rights=landlock.WRITE_PLAIN, tcp=False)
     filtered = seccomp.install() if spec.get("seccomp", True) else False
-    os.chdir(home)
+    os.chdir(spec["code"])  # read-only: a file written "here" is refused, as it should be
     os.environ.clear()
     os.environ.update({"HOME": str(home), "TMPDIR": str(home), "PATH": "/usr/bin:/bin",
                        "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "LANG": "C.UTF-8",

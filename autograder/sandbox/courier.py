@@ -31,8 +31,11 @@ from ..protocol import Failure, Op, RankEnd, RankTraffic
 from .channel import encode_frame, pack, tensor_bytes
 from .reduce import COLLECTIVES, ROOTED, CollectiveError
 
-KEEP_BYTES = 64 << 20   # contents of sends kept for the judges, per launch
-HELD_BYTES = 512 << 20  # bytes of sends waiting for their receive, per launch
+KEEP_BYTES = 64 << 20     # contents of sends kept for the judges, per launch
+HELD_BYTES = 256 << 20    # bytes of sends waiting for their receive, per launch
+OUTPUT_BYTES = 256 << 20  # bytes of results the ranks may return, per launch
+OUTBOX_BYTES = 256 << 20  # bytes of replies waiting for a rank that does not read them
+MAX_OPS = 200_000         # calls the courier records per launch (each one is kept)
 
 
 @dataclass
@@ -95,14 +98,18 @@ class Courier:
             collections.deque)
         self.colls: dict[tuple[int, ...], list[collections.deque]] = {}
         self.arrival = 0
-        self.kept = self.held = 0
+        self.kept = self.held = self.returned = self.ops = 0
         self.failure: Failure | None = None
         self.ended: RankEnd | None = None
         """The first rank that reported an error or vanished (classified by the session)."""
 
     # -- out --------------------------------------------------------------------------------
     def reply(self, rank: int, meta: dict, payload: bytes = b"") -> None:
-        self.ranks[rank].outbox += encode_frame(meta, payload)
+        outbox = self.ranks[rank].outbox
+        outbox += encode_frame(meta, payload)
+        if len(outbox) > OUTBOX_BYTES:
+            self.fail("memory_limit", f"Rank {rank} left {len(outbox) / 2**20:,.0f} MiB of "
+                      "replies unread (a rank must wait for what it asked for).", rank)
 
     def done(self, p: Pending, outputs: list[torch.Tensor] = (), **extra: Any) -> None:
         specs, parts, offset = [], [], 0

@@ -17,8 +17,9 @@ import math
 from typing import Any
 
 from ..protocol import Op, RankEnd, canonical_op
+from ..sanitize import printable
 from .channel import DTYPES, MAX_PAYLOAD, FrameError, make_tensor, unpack
-from .courier import Courier, Pending
+from .courier import MAX_OPS, OUTPUT_BYTES, Courier, Pending
 from .reduce import COLLECTIVES, ROOTED
 
 OPS = frozenset({"send", "recv", "alltoall", "alltoall_base"} | set(COLLECTIVES))
@@ -37,9 +38,10 @@ def _int(value: Any, what: str, lo: int | None = None, hi: int | None = None) ->
 
 
 def _str(value: Any, what: str, cap: int = 200) -> str:
+    """Text from a rank: checked, capped, and with every control character made visible."""
     if not isinstance(value, str):
         raise Refused(f"{what} is {type(value).__name__}, not text")
-    return value[:cap]
+    return printable(value[:cap])
 
 
 def _spec(value: Any, what: str) -> tuple[str, list[int]]:
@@ -59,6 +61,12 @@ def _stack(value: Any) -> list:
 
 def _op(c: Courier, rank: int, meta: dict, payload: bytes) -> None:
     state = c.ranks[rank]
+    c.ops += 1
+    if c.ops > MAX_OPS:
+        c.fail("memory_limit", f"The ranks made over {MAX_OPS:,} communication calls in one "
+                               "launch; the grader keeps a record of each and holds no more.",
+               rank)
+        return
     op_id = _int(meta.get("id"), "id", 0)
     if op_id in state.ids:
         raise Refused(f"op id {op_id} used twice")
@@ -92,8 +100,10 @@ def _op(c: Courier, rank: int, meta: dict, payload: bytes) -> None:
         raise Refused("outputs larger than a frame may carry")
     first = inputs[0] if inputs else None
     nbytes = sum(t.numel() * t.element_size() for t in inputs)
-    dtype, shape = (str(first.dtype).removeprefix("torch."), tuple(first.shape)) if first is not None \
-        else (specs[0][0], tuple(specs[0][1])) if specs else ("", ())
+    if first is not None:
+        dtype, shape = str(first.dtype).removeprefix("torch."), tuple(first.shape)
+    else:
+        dtype, shape = (specs[0][0], tuple(specs[0][1])) if specs else ("", ())
     if name == "recv" and specs:
         nbytes = math.prod(specs[0][1]) * DTYPES[specs[0][0]].itemsize
     peer = meta.get("peer")
@@ -186,6 +196,11 @@ def _handle(c: Courier, rank: int, meta: dict, payload: bytes) -> None:
         case = c.plan[state.case] if state.case is not None else None
         if case is None or meta.get("case") != case.index:
             raise Refused("an output for a case it was not running")
+        c.returned += len(payload)
+        if c.returned > OUTPUT_BYTES:
+            c.fail("memory_limit", f"The ranks returned over {OUTPUT_BYTES / 2**20:,.0f} MiB of "
+                                   "results in one launch.", rank)
+            return
         try:
             state.outputs[case.index] = unpack(meta.get("tree"), payload)
         except (FrameError, RecursionError) as err:

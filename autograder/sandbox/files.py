@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MAX_ENTRIES = 10_000  # files and folders a launch may leave in its ranks' folders
-MAX_DEPTH = 64        # folders below a rank's own
+MAX_DEPTH = 4096      # folders below a rank's own (one descriptor each while scanning)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 

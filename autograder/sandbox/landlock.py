@@ -128,7 +128,8 @@ def restrict(read: Iterable[str], write: Iterable[str], list_only: Iterable[str]
     net = (NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 and not tcp else 0
     scoped = SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET if abi >= 6 else 0
     attr = _RulesetAttrScoped(handled, net, scoped) if (net or scoped) else _RulesetAttr(handled)
-    ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
+    ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr),
+                           ctypes.c_size_t(ctypes.sizeof(attr)),
                            ctypes.c_uint32(0))
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")

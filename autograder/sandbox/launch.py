@@ -29,12 +29,14 @@ from .cgroup import PidsGroup
 from .channel import FrameError, FrameReader
 from .courier import CasePlan, Courier
 from .courier_frames import handle
+from .files import MAX_ENTRIES
 from .limits import MB, Limits
 from .scratch import Scratch
 from .server import ForkServer
 from .watchdog import LaunchProcesses
 
 TAIL = 8000       # bytes of each rank's output kept for messages
+DUMP_END = b'sandbox/rank.py", line'  # a rank's main thread always runs in rank.main
 POLL_S = 0.05
 LIMIT_KINDS = ("memory_limit", "process_limit", "output_limit", "disk_limit", "wall_limit")
 
@@ -66,11 +68,15 @@ class LaunchPlan:
 class Printed:
     total: int = 0
     tail: bytearray = field(default_factory=bytearray)
+    watch: bytearray | None = None
+    """Also collect everything here (a stack dump being waited for)."""
 
     def feed(self, data: bytes) -> None:
         self.total += len(data)
         self.tail += data
         del self.tail[:-TAIL]
+        if self.watch is not None and len(self.watch) < 1 << 20:
+            self.watch += data
 
 
 class _Launch:
@@ -171,7 +177,7 @@ class _Launch:
     # -- ending ---------------------------------------------------------------------------------
     def log(self) -> str:
         text = ""
-        for rank, streams in enumerate(self.printed):
+        for streams in self.printed:
             for stream in streams:
                 if stream.tail.strip():
                     text += stream.tail.decode("utf-8", "replace") + "\n"
@@ -191,6 +197,9 @@ class _Launch:
             if refused:
                 return self.refused(refused)
             kind, message = classify_end(c.ended, job.module, self.log(), job.sources)
+            if kind == "disk_limit":
+                message += (f" (the limits are {self.limits.disk_mb:g} MiB and "
+                            f"{MAX_ENTRIES:,} files and folders per launch)")
             return Failure(kind, message, c.ended.rank)
         for rank, seen in self.eof.items():
             if c.ranks[rank].finished:
@@ -237,22 +246,27 @@ class _Launch:
         if usage is not None and (usage.over or usage.bytes > limits.disk_mb * MB):
             return Failure("disk_limit", f"wrote {usage.bytes / MB:,.0f} MiB in {usage.entries:,}"
                                          f" files and folders (depth {usage.depth}); the limits "
-                                         f"are {limits.disk_mb:g} MiB and 10,000 entries")
+                                         f"are {limits.disk_mb:g} MiB and {MAX_ENTRIES:,} files "
+                                         "and folders per launch")
         return None
 
     def timed_out(self) -> Failure:
+        """Ask each busy rank for its stack (faulthandler, SIGUSR1: written by a C handler even
+        while Python code spins) and word the timeout with them."""
         busy = [s.rank for s in self.courier.ranks
                 if not s.blocked and not s.finished and not s.gone]
-        before = {r: len(self.printed[r][1].tail) for r in busy}
+        dumps = {r: bytearray() for r in busy}
+        for r in busy:
+            self.printed[r][1].watch = dumps[r]
         self.procs.signal([self.pids[r] for r in busy], signal.SIGUSR1)
-        end = time.monotonic() + 2.0
-        while time.monotonic() < end and any(
-                b"most recent call first" not in self.printed[r][1].tail[max(0, before[r] - 200):]
-                for r in busy):
+        end = time.monotonic() + 5.0
+        # A dump is complete once the main thread's bottom frame (the rank loop) is in it.
+        while time.monotonic() < end and not all(DUMP_END in dumps[r] for r in busy):
             self.pump(POLL_S)
-        self.pump(0.2)  # the rest of the dump
-        dumps = {r: self.printed[r][1].tail.decode("utf-8", "replace") for r in busy}
-        return hangs.timeout(self.courier, dumps, self.plan.timeout, self.job.module,
+        for r in busy:
+            self.printed[r][1].watch = None
+        text = {r: dumps[r].decode("utf-8", "replace") for r in busy}
+        return hangs.timeout(self.courier, text, self.plan.timeout, self.job.module,
                              self.job.sources)
 
 
@@ -280,19 +294,16 @@ def run_launch(server: ForkServer, job: Job, plan: LaunchPlan, limits: Limits, *
             if failure is not None or launch.courier.complete:
                 break
         record.failure = failure
-    finally:
+    finally:  # every step on its own: one that fails must not leave the others undone
+        named, tmpfs = [], scratch.mounted
         if launch is not None:
-            launch.procs.kill()
-            end = time.monotonic() + 1.0
-            while time.monotonic() < end and any(
-                    k.data[0] == "out" for k in launch.sel.get_map().values()):
-                launch.pump(0.02)  # what the ranks printed just before they died
-            _close(launch)
-        named = scratch.usage(watch=("results.json",)).named
-        tmpfs = scratch.mounted
-        scratch.close()
+            _quietly(launch.procs.kill)
+            _quietly(lambda: _drain(launch))
+            _quietly(lambda: _close(launch))
+        _quietly(lambda: named.extend(scratch.usage(watch=("results.json",)).named))
+        _quietly(scratch.close)
         if group is not None:
-            group.kill_all()
+            _quietly(group.kill_all)
     c = launch.courier
     if record.failure is None:
         for case in plan.cases:
@@ -303,6 +314,21 @@ def run_launch(server: ForkServer, job: Job, plan: LaunchPlan, limits: Limits, *
     record.forged = [f"r{n}" for n in named] if named else []
     confined = dict(c.ranks[0].confined or {}, tmpfs=tmpfs) if c.ranks[0].confined else {}
     return record, confined
+
+
+def _quietly(step) -> None:
+    try:
+        step()
+    except Exception:  # noqa: BLE001 - cleanup goes on; the launch's record says what failed
+        pass
+
+
+def _drain(launch: _Launch) -> None:
+    """What the ranks printed just before they died (their pipes close when they do)."""
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end and any(k.data[0] == "out"
+                                         for k in launch.sel.get_map().values()):
+        launch.pump(0.02)
 
 
 def _close(launch: _Launch) -> None:

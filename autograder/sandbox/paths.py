@@ -2,10 +2,13 @@
 
 Read: the interpreter and its packages, the system libraries, a few files of /etc the C
 library and Python read (not the folder: as uid 0 without capabilities a rank still owns every
-root-owned file, /etc/shadow included), /proc and /sys (Python and torch read their own
-entries), the random devices, the lab's code folder (the student's files and the lab's
-harness), the rank-side half of the grader (``autograder/sandbox``), and the `toolkit` modules a
-lab names (`LabInfo.sandbox_modules`, e.g. the tiny models). Write: the rank's own folder (plain
+root-owned file, /etc/shadow included), its own /proc entry (``/proc/self``, resolved when the
+rule is made) and the CPU's description, not the rest of /proc and /sys (another process's
+name, command line and counters, a cgroup's task count, the host's memory: things a rank can
+change about itself and another can read, i.e. channels), the random devices, the lab's code
+folder (the student's files and the lab's harness), the rank-side half of the grader
+(``autograder/sandbox``), and the `toolkit` modules a lab names (`LabInfo.sandbox_modules`,
+e.g. the tiny models). Write: the rank's own folder (plain
 files and folders only) and /dev/null. Nothing else: no other rank's folder, no /dev/shm, no
 device node, not the lab (reference solution, hidden checks).
 """
@@ -19,17 +22,19 @@ import toolkit
 
 ETC = ("/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf",
        "/etc/os-release")
+PROC = ("/proc/self", "/proc/cpuinfo", "/sys/devices/system/cpu")
 DEV_READ = ("/dev/urandom", "/dev/random", "/dev/zero")
 DEV_WRITE = ("/dev/null",)
 SANDBOX = Path(__file__).resolve().parent
 
 
-def rank_paths(code: Path, home: Path, toolkit_modules=()) -> tuple[list[str], list[str], list[str]]:
+def rank_paths(code: Path, home: Path,
+               toolkit_modules=()) -> tuple[list[str], list[str], list[str]]:
     """(read, write, list_only) for `landlock.restrict` for a rank whose lab files are in
     `code` and whose own folder is `home`."""
     pkg = Path(toolkit.__file__).resolve().parent
     read = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-            "/usr", "/lib", "/lib64", "/lib32", "/proc", "/sys", "/bin", *ETC, *DEV_READ,
+            "/usr", "/lib", "/lib64", "/lib32", "/bin", *ETC, *PROC, *DEV_READ,
             str(Path(sys.executable).resolve().parent.parent)}
     for entry in sys.path:  # site-packages and friends (a venv's may sit outside its prefix)
         if entry and Path(entry).is_dir() and "site-packages" in entry:

@@ -48,9 +48,30 @@ class Scratch:
 
     def close(self) -> None:
         if self.mounted:
-            ctypes.CDLL(None, use_errno=True).umount2(str(self.path).encode(), _MNT_DETACH)
+            unmount(self.path)
             self.mounted = False
         files.remove(self.path)
 
 
-__all__ = ["Scratch"]
+def unmount(path: Path) -> bool:
+    """Detach the mount at `path` (lazily: it goes once nothing uses it)."""
+    return ctypes.CDLL(None, use_errno=True).umount2(str(path).encode(), _MNT_DETACH) == 0
+
+
+def unmount_below(folder: Path) -> list[str]:
+    """Detach every mount at or below `folder` (a grade that failed half-way); returns them."""
+    found = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                point = line.split()[4].encode().decode("unicode_escape")
+                if point == str(folder) or point.startswith(f"{folder}/"):
+                    found.append(point)
+    except OSError:
+        return []
+    for point in sorted(found, reverse=True):
+        unmount(Path(point))
+    return found
+
+
+__all__ = ["Scratch", "unmount", "unmount_below"]

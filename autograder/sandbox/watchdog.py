@@ -72,8 +72,7 @@ class LaunchProcesses:
     def kill(self) -> None:
         """SIGKILL every process of the launch until none is left; reap our orphans."""
         for _ in range(250):
-            alive = [p for p in self.processes()
-                     if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            alive = [p for p in self.processes() if _alive(p)]
             self.signal([p.pid for p in alive], signal.SIGKILL)
             reap(self.theirs | {self.server})
             if not alive:
@@ -82,6 +81,13 @@ class LaunchProcesses:
         if self.group is not None:
             self.group.kill_all()
         reap(self.theirs | {self.server})
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # gone between listing and asking
+        return False
 
 
 def reap(keep: frozenset[int] | set[int]) -> None:

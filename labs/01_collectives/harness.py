@@ -29,7 +29,8 @@ def make_input(case: dict, rank: int) -> torch.Tensor:
     """Rank `rank`'s full-size tensor: seeded normal values, different on every rank."""
     g = torch.Generator().manual_seed(int(case.get("seed", 0)) * 1009 + rank)
     shape = case.get("shape") or [case["numel"]]
-    return torch.randn(shape, generator=g, dtype=torch.float64).to(DTYPES[case.get("dtype", "float32")])
+    dtype = DTYPES[case.get("dtype", "float32")]
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
 
 
 def make_inputs(case: dict, world_size: int) -> list[torch.Tensor]:

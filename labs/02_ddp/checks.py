@@ -37,7 +37,8 @@ GENERIC = "check which slice of which bucket each parameter uses"
 
 def cases(*specs: dict, seed: int = 0, **extra) -> tuple[dict, ...]:
     """One case per spec (world_size, model, ...), each with its own seed."""
-    return tuple({"seed": seed + k, "model": "toy", **extra, **spec} for k, spec in enumerate(specs))
+    return tuple({"seed": seed + k, "model": "toy", **extra, **spec}
+                 for k, spec in enumerate(specs))
 
 
 def _label(r: CaseResult) -> str:
@@ -261,8 +262,8 @@ def judge_overlap(r: CaseResult) -> Verdict:
                 return Verdict(False, f"{at}: all {len(events)} all-reduces started after "
                                       "backward had computed every gradient: no overlap. Start "
                                       "a bucket's all-reduce from the gradient hook "
-                                      "(grad_ready) as soon as the bucket is full; bucket 0 (the last "
-                                      "layer's parameters) fills first")
+                                      "(grad_ready) as soon as the bucket is full; bucket 0 "
+                                      "(the last layer's parameters) fills first")
             if not all(e[2] for e in early):
                 return Verdict(False, f"{at}: an all-reduce started during backward blocks it "
                                       "(async_op=False). Use dist.all_reduce(buf, async_op=True) "

@@ -79,7 +79,8 @@ def make_data(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, d_in, generator=g), torch.randn(BATCH, d_out, generator=g)
 
 
-def micro_batches(case: dict, rank: int, world_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def micro_batches(case: dict, rank: int,
+                  world_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Rank's 1/p of the batch, cut into ``accumulate`` equal micro-batches."""
     x, y = make_data(case)
     n, k = BATCH // world_size, int(case.get("accumulate", 1))

@@ -5,9 +5,9 @@ process, in float64, on the whole batch (every rank had an equal slice, so the s
 apply the *mean* gradient). Memory is read from what the ranks measured (bytes of the inner
 optimizer's state tensors; gathered parameters alive after forward) and traffic from the
 grader's courier: calls per operation (``reduce_scatter_tensor`` and ``reduce_scatter_single``
-are one operation, as are ``all_gather_into_tensor`` and ``all_gather_single``). ZeRO §5.1-5.3 and §7.2 (Rajbhandari et al., SC 2020): stage 2
-keeps Kψ/N_d bytes of optimizer state per rank; stage 3 all-gathers each unit twice and
-reduce-scatters its gradient once per step.
+are one operation, as are ``all_gather_into_tensor`` and ``all_gather_single``). ZeRO §5.1-5.3
+and §7.2 (Rajbhandari et al., SC 2020): stage 2 keeps Kψ/N_d bytes of optimizer state per rank;
+stage 3 all-gathers each unit twice and reduce-scatters its gradient once per step.
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ def _schedule(r: CaseResult) -> tuple[pipeline.Schedule | None, str]:
     out, p, m = r.outputs[0], r.case["p"], r.case["m"]
     where = f"(p = {p}, m = {m})"
     if not isinstance(out, list) or not all(isinstance(row, list) for row in out):
-        return None, f"{r.case['fn']}({p}, {m}) must return a list of lists of op strings, got {str(out)[:80]} {where}"
+        return None, (f"{r.case['fn']}({p}, {m}) must return a list of lists of op strings, "
+                      f"got {str(out)[:80]} {where}")
     try:
         found = pipeline.problems(out, p=p, m=m, v=1)
     except ValueError as err:
@@ -95,7 +96,8 @@ def judge_bubble_simulated(r: CaseResult) -> Verdict:
     if got > want + 1e-9:
         return Verdict(False, f"simulated with backward = 2 × forward, stages are idle "
                               f"{got:.1%} of the step; 1F1B's bubble is (p−1)/(m+p−1) = "
-                              f"{want:.1%} (p = {p}, m = {m}): some stage waits longer than it must")
+                              f"{want:.1%} (p = {p}, m = {m}): some stage waits longer than "
+                              "it must")
     return Verdict(True)
 
 
@@ -103,6 +105,11 @@ def judge_bubble_formula(r: CaseResult) -> Verdict:
     got, p, m = r.outputs[0], r.case["p"], r.case["m"]
     want = pipeline.bubble_fraction("1f1b", p=p, m=m)
     if not isinstance(got, float) or abs(got - want) > 1e-9:
+        if isinstance(got, float) and p > 1 and abs(got - (p - 1) / m) <= 1e-9:
+            return Verdict(False, f"bubble_fraction({p}, {m}) returned (p−1)/m = {got:.4g}: "
+                                  "that is the idle time as a ratio to the ideal compute time "
+                                  "(m slots of work). The fraction asked for is idle time over "
+                                  f"the whole step, m + p − 1 slots: (p−1)/(m+p−1) = {want:.4g}")
         return Verdict(False, f"bubble_fraction({p}, {m}) returned {got!r}; check it against a "
                               f"drawing of the schedule (p stages, m micro-batches)")
     return Verdict(True)

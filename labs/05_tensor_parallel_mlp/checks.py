@@ -3,8 +3,9 @@
 Values: every rank's shard, output and gradients against `expected` (the dense layers in
 float64, sliced as Megatron-LM splits them; `expected.py`), the first wrong one explained by
 `diagnose`. Communication: all-reduces counted per phase from the grader's courier (the harness
-makes forward and backward sections of their own), f = (0 forward, 1 backward), g = (1, 0), column = (0, 1), row = (1, 0), MLP = (1, 1) (Shoeybi et
-al., 2019, section 3), and in the MLP each one of one (.., h) activation.
+makes forward and backward sections of their own), f = (0 forward, 1 backward), g = (1, 0),
+column = (0, 1), row = (1, 0), MLP = (1, 1) (Shoeybi et al., 2019, section 3), and in the MLP
+each one of one (.., h) activation.
 """
 
 from __future__ import annotations

@@ -1,0 +1,5 @@
+"""Variant: wait for the buckets through their futures, torch.futures.wait_all."""
+
+
+def _wait(works: list) -> None:
+    torch.futures.wait_all([work.get_future() for work in works])
