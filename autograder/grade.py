@@ -27,10 +27,9 @@ from pathlib import Path
 from .judging import CheckResult, PlannedCase, judge_run
 from .lab import Lab
 from .protocol import CaseKey, GroupKey
-from .sandbox.courier import CasePlan
 from .sandbox.files import remove
-from .sandbox.launch import Job, LaunchPlan
 from .sandbox.limits import Limits
+from .sandbox.plan import CasePlan, Job, LaunchPlan
 from .sandbox.scratch import unmount_below
 from .sandbox.session import run_session
 

@@ -16,8 +16,9 @@ import torch
 from autograder.protocol import RankTraffic
 from autograder.sandbox import files, reduce
 from autograder.sandbox.channel import FrameError, FrameReader, make_tensor, pack, unpack
-from autograder.sandbox.courier import CasePlan, Courier
+from autograder.sandbox.courier import Courier
 from autograder.sandbox.courier_frames import handle
+from autograder.sandbox.plan import CasePlan
 from autograder.sanitize import printable
 
 

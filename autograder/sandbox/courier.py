@@ -29,6 +29,7 @@ import torch
 
 from ..protocol import Failure, Op, RankEnd, RankTraffic
 from .channel import encode_frame, pack, tensor_bytes
+from .plan import CasePlan
 from .reduce import COLLECTIVES, ROOTED, CollectiveError
 
 KEEP_BYTES = 64 << 20     # contents of sends kept for the judges, per launch
@@ -36,17 +37,6 @@ HELD_BYTES = 256 << 20    # bytes of sends waiting for their receive, per launch
 OUTPUT_BYTES = 256 << 20  # bytes of results the ranks may return, per launch
 OUTBOX_BYTES = 256 << 20  # bytes of replies waiting for a rank that does not read them
 MAX_OPS = 200_000         # calls the courier records per launch (each one is kept)
-
-
-@dataclass
-class CasePlan:
-    """One case as the courier hands it out: the harness call, the public parameters, and
-    each rank's inputs (made by the grader; a rank receives only its own)."""
-
-    index: int
-    call: str
-    params: dict
-    inputs: list[Any]
 
 
 @dataclass
@@ -277,4 +267,4 @@ def _coll(p: Pending) -> str:
     return f"{p.op.op} ({p.op.nbytes:,} bytes{extra})"
 
 
-__all__ = ["CasePlan", "Courier", "HELD_BYTES", "KEEP_BYTES", "Pending", "RankState"]
+__all__ = ["Courier", "HELD_BYTES", "KEEP_BYTES", "Pending", "RankState"]

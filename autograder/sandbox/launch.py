@@ -23,45 +23,23 @@ from pathlib import Path
 
 from .. import hangs
 from ..failures import classify_end
-from ..protocol import Failure, GroupKey, GroupRecord, RankEnd
+from ..protocol import Failure, GroupRecord, RankEnd
 from ..sanitize import printable
 from .cgroup import PidsGroup
 from .channel import FrameError, FrameReader
-from .courier import CasePlan, Courier
+from .courier import Courier
 from .courier_frames import handle
 from .files import MAX_ENTRIES
-from .limits import MB, Limits
+from .limits import Limits
+from .plan import Job, LaunchPlan
 from .scratch import Scratch
 from .server import ForkServer
-from .watchdog import LaunchProcesses
+from .watchdog import LaunchProcesses, over_limits
 
 TAIL = 8000       # bytes of each rank's output kept for messages
 DUMP_END = b'sandbox/rank.py", line'  # a rank's main thread always runs in rank.main
 POLL_S = 0.05
 LIMIT_KINDS = ("memory_limit", "process_limit", "output_limit", "disk_limit", "wall_limit")
-
-
-@dataclass
-class Job:
-    """What every launch of one grade shares."""
-
-    module: str
-    code: Path
-    allowed: frozenset[str]
-    refusal: str
-    """The words for a refused collective, with ``{op}`` where its name goes."""
-    forbidden: list[str] = field(default_factory=list)
-    toolkit: list[str] = field(default_factory=list)
-    sources: dict[str, str] = field(default_factory=dict)
-    landlock: bool = True
-    seccomp: bool = True
-
-
-@dataclass
-class LaunchPlan:
-    key: GroupKey
-    timeout: float
-    cases: list[CasePlan]
 
 
 @dataclass
@@ -227,28 +205,11 @@ class _Launch:
                        f"{op.op}: {op.refused}", op.rank)
 
     def watch(self, polls: int) -> Failure | None:
-        limits = self.limits
-        rss, tasks, n = self.procs.measure()
         printed = sum(s.total for streams in self.printed for s in streams)
         usage = self.scratch.usage() if not self.scratch.mounted and polls % 5 == 0 else None
         refused = self.grade_group.refusals() if self.grade_group else 0
-        if tasks > limits.processes or refused > self.refusals:
-            return Failure("process_limit", f"started over {limits.processes} processes or threads")
-        if rss > limits.total_memory_mb * MB and n > self.p:
-            return Failure("process_limit", f"started {n} processes where the check runs "
-                                            f"{self.p} ranks (a fork bomb?)")
-        if rss > limits.total_memory_mb * MB:
-            return Failure("memory_limit", f"the ranks held {rss / MB:,.0f} MiB together; the "
-                                           f"limit is {limits.total_memory_mb:,} MiB")
-        if printed > limits.output_mb * MB:
-            return Failure("output_limit", f"printed {printed / MB:,.1f} MiB; the limit is "
-                                           f"{limits.output_mb:g} MiB")
-        if usage is not None and (usage.over or usage.bytes > limits.disk_mb * MB):
-            return Failure("disk_limit", f"wrote {usage.bytes / MB:,.0f} MiB in {usage.entries:,}"
-                                         f" files and folders (depth {usage.depth}); the limits "
-                                         f"are {limits.disk_mb:g} MiB and {MAX_ENTRIES:,} files "
-                                         "and folders per launch")
-        return None
+        return over_limits(self.procs, self.limits, ranks=self.p, printed=printed, usage=usage,
+                           refused_forks=refused > self.refusals)
 
     def timed_out(self) -> Failure:
         """Ask each busy rank for its stack (faulthandler, SIGUSR1: written by a C handler even
@@ -341,4 +302,4 @@ def _close(launch: _Launch) -> None:
     launch.sel.close()
 
 
-__all__ = ["Job", "LIMIT_KINDS", "LaunchPlan", "run_launch"]
+__all__ = ["LIMIT_KINDS", "run_launch"]

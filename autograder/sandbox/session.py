@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ..protocol import Failure, GroupKey, GroupRecord
 from .cgroup import PidsGroup
-from .launch import LIMIT_KINDS, Job, LaunchPlan, run_launch
+from .launch import LIMIT_KINDS, run_launch
+from .plan import Job, LaunchPlan
 from .limits import Limits, sandbox_uid
 from .server import ForkServer, ServerLost
 from .watchdog import children_of, reap

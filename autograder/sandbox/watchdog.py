@@ -16,7 +16,10 @@ import time
 
 import psutil
 
+from ..protocol import Failure
 from .cgroup import PidsGroup
+from .files import MAX_ENTRIES, Usage
+from .limits import MB, Limits
 
 
 def children_of(pid: int) -> set[int]:
@@ -83,6 +86,31 @@ class LaunchProcesses:
         reap(self.theirs | {self.server})
 
 
+def over_limits(procs: LaunchProcesses, limits: Limits, *, ranks: int, printed: int,
+                usage: Usage | None, refused_forks: bool) -> Failure | None:
+    """The limit one launch is over right now, as a `Failure`, or None. Processes before
+    memory: each forked copy counts its shared pages again in the summed RSS, so a fork bomb
+    also looks like a memory bomb a moment later."""
+    rss, tasks, n = procs.measure()
+    if tasks > limits.processes or refused_forks:
+        return Failure("process_limit", f"started over {limits.processes} processes or threads")
+    if rss > limits.total_memory_mb * MB and n > ranks:
+        return Failure("process_limit", f"started {n} processes where the check runs "
+                                        f"{ranks} ranks (a fork bomb?)")
+    if rss > limits.total_memory_mb * MB:
+        return Failure("memory_limit", f"the ranks held {rss / MB:,.0f} MiB together; the "
+                                       f"limit is {limits.total_memory_mb:,} MiB")
+    if printed > limits.output_mb * MB:
+        return Failure("output_limit", f"printed {printed / MB:,.1f} MiB; the limit is "
+                                       f"{limits.output_mb:g} MiB")
+    if usage is not None and (usage.over or usage.bytes > limits.disk_mb * MB):
+        return Failure("disk_limit", f"wrote {usage.bytes / MB:,.0f} MiB in {usage.entries:,} "
+                                     f"files and folders (depth {usage.depth}); the limits are "
+                                     f"{limits.disk_mb:g} MiB and {MAX_ENTRIES:,} files and "
+                                     "folders per launch")
+    return None
+
+
 def _alive(p: psutil.Process) -> bool:
     try:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
@@ -100,4 +128,4 @@ def reap(keep: frozenset[int] | set[int]) -> None:
             pass
 
 
-__all__ = ["LaunchProcesses", "children_of", "reap"]
+__all__ = ["LaunchProcesses", "children_of", "over_limits", "reap"]
