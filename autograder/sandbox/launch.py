@@ -30,7 +30,7 @@ from .channel import FrameError, FrameReader
 from .courier import Courier
 from .courier_frames import handle
 from .files import MAX_ENTRIES
-from .limits import Limits
+from .limits import MB, Limits
 from .plan import Job, LaunchPlan
 from .scratch import Scratch
 from .server import ForkServer
@@ -95,11 +95,14 @@ class _Launch:
         self.courier = Courier(p, plan.cases, job.allowed, job.refusal)
         self.refusals = grade_group.refusals() if grade_group else 0
         self.eof: dict[int, float] = {}
+        self.total_printed = 0
 
     # -- i/o ------------------------------------------------------------------------------------
     def pump(self, wait: float) -> None:
         for key, _ in self.sel.select(wait):
             what = key.data
+            if what[0] == "out" and self.total_printed > self.limits.output_mb * MB:
+                continue  # over the output limit: read no more
             if what[0] == "chan":
                 self._channel(key.fileobj, what[1])
             else:
@@ -111,11 +114,22 @@ class _Launch:
                     data = b""
                 if data:
                     self.printed[what[1]][what[2]].feed(data)
+                    self._count_output(len(data))
                 else:
                     self.sel.unregister(key.fd)
                     os.close(key.fd)
         self.flush()
         self.server.poll()
+
+    def _count_output(self, n: int) -> None:
+        """The output limit is checked on every read, not every 50 ms: a rank printing without
+        end is stopped within one read (64 KiB per stream) of the limit, however busy the
+        machine; past it, nothing more is read (a rank then blocks on its full pipe)."""
+        self.total_printed += n
+        limit = self.limits.output_mb * MB
+        if self.total_printed > limit and self.courier.failure is None:
+            self.courier.fail("output_limit", f"printed {self.total_printed / MB:,.1f} MiB; the "
+                                              f"limit is {self.limits.output_mb:g} MiB")
 
     def _channel(self, sock: socket.socket, rank: int) -> None:
         try:
@@ -205,7 +219,7 @@ class _Launch:
                        f"{op.op}: {op.refused}", op.rank)
 
     def watch(self, polls: int) -> Failure | None:
-        printed = sum(s.total for streams in self.printed for s in streams)
+        printed = self.total_printed
         usage = self.scratch.usage() if not self.scratch.mounted and polls % 5 == 0 else None
         refused = self.grade_group.refusals() if self.grade_group else 0
         return over_limits(self.procs, self.limits, ranks=self.p, printed=printed, usage=usage,
