@@ -26,8 +26,8 @@ import itertools
 import os
 import queue
 import socket
+import sys
 import threading
-import traceback
 from typing import Any
 
 import torch
@@ -113,10 +113,12 @@ class CourierWork(dist._Work):
         self._event.set()
 
     def _observe(self, kind: str) -> None:
-        if kind == "wait" or not self._seen:
+        if kind == "wait":  # where the rank waits: the courier names it in a deadlock
             self._seen = True
-            stack = [[f.filename, f.lineno, f.name] for f in traceback.extract_stack()[-14:-2]]
-            self._link.send({"k": kind, "id": self._id, "stack": stack})
+            self._link.send({"k": kind, "id": self._id, "stack": _stack(sys._getframe(2))})
+        elif not self._seen:
+            self._seen = True
+            self._link.send({"k": kind, "id": self._id})
 
     def wait(self, timeout: Any = None) -> bool:
         if not self._event.is_set():
@@ -150,6 +152,16 @@ class CourierWork(dist._Work):
     def result(self) -> list[torch.Tensor]:
         self.wait()
         return self._outputs
+
+
+def _stack(frame: Any, depth: int = 12) -> list:
+    """[file, line, function] of the innermost `depth` frames from `frame` outwards, without
+    reading any source (traceback.extract_stack would open every file)."""
+    out = []
+    while frame is not None and len(out) < depth:
+        out.append([frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name])
+        frame = frame.f_back
+    return out[::-1]
 
 
 def _describe(tensors: list[torch.Tensor]) -> tuple[list, bytes]:
