@@ -2,7 +2,9 @@
 #
 #   make lab     set up .venv if needed, then open JupyterLab on lessons/ (CPU)
 #   make test    set up .venv if needed, then run the whole test suite (what .ci/run calls)
-#                (and, the first time, install headless Chromium for the browser test: see browser)
+#                (and, the first time, install headless Chromium for the browser test: see browser,
+#                and SLURM for the cluster tests: see slurm)
+#   make test-busy   the same suite with a CPU-burning process beside it (a busy laptop)
 #
 # Everything is installed into .venv inside the repo from the project's own files. torch is
 # pinned to the CPU build first so that `pip install -e .` (which accepts a range) installs no
@@ -16,9 +18,11 @@ STAMP      := $(VENV)/.installed
 CHROMIUM   := /usr/bin/chromium
 # Set once an apt-get install of Chromium was tried, so a failed one is not retried every run.
 BROWSER_STAMP := $(VENV)/.browser-tried
+SLURM_STAMP   := $(VENV)/.slurm-tried
 PYTEST_ARGS ?=
+GPU_CHECK_ARGS ?=
 
-.PHONY: lab test setup browser bench clean help
+.PHONY: lab test test-busy setup browser slurm bench gpu-check clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -64,12 +68,52 @@ browser: | $(STAMP)  ## install Chromium for the browser test if missing (Debian
 	  fi; \
 	fi
 
-test: setup browser  ## run every test: unit, multi-rank, notebooks, lessons in a browser
+# tests/test_slurm.py stands up a one-node SLURM cluster (slurmctld + slurmd on localhost, a
+# generated slurm.conf) and runs batch grading and torchrun through it; without slurmctld,
+# slurmd, srun and munged it skips. Same rules as browser: never fails the build.
+slurm: | $(STAMP)  ## install SLURM + munge for the cluster tests if missing (Debian, as root; else they skip)
+	@if command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 \
+	    && command -v srun >/dev/null 2>&1 && command -v munged >/dev/null 2>&1; then :; \
+	elif [ -e $(SLURM_STAMP) ]; then \
+	  echo "SLURM tests will be skipped: installing slurm failed before (see $(VENV)/slurm-install.log; rm $(SLURM_STAMP) to retry)"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	  echo "SLURM tests will be skipped: slurmctld/slurmd are missing and installing them needs root (apt-get install slurmctld slurmd slurm-client munge)"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "SLURM tests will be skipped: slurmctld/slurmd are missing and there is no apt-get to install them"; \
+	else \
+	  touch $(SLURM_STAMP); \
+	  echo "Installing SLURM and munge for the cluster tests (apt-get: about 4 MB, 15-30 s)..."; \
+	  if { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+	         slurmctld slurmd slurm-client munge; } > $(VENV)/slurm-install.log 2>&1 \
+	     && command -v slurmctld >/dev/null 2>&1; then \
+	    echo "$$(slurmctld -V 2>/dev/null) is installed"; \
+	  else \
+	    echo "SLURM tests will be skipped: apt-get install slurm failed (see $(VENV)/slurm-install.log)"; \
+	  fi; \
+	fi
+
+# On a GPU node, after installing a CUDA build of torch into .venv: what docs/cluster.md lists.
+# Without a CUDA torch and 2 GPUs it stops at once with a message (exit 2).
+gpu-check: setup  ## GPU node: GPU tests, NCCL benchmarks, every lesson on NCCL -> results/gpu-HOST/
+	$(BIN)/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
+test: setup browser slurm  ## run every test: unit, multi-rank, notebooks, lessons in a browser, SLURM
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The suite as a busy laptop runs it: BURNERS processes that spin on the CPU beside pytest (on 2
+# cores, one burner takes half the machine). Started and stopped here, whatever pytest does, so
+# anyone can repeat the check that no test depends on how fast the machine is.
+BURNERS ?= 1
+test-busy: setup browser slurm  ## run every test with BURNERS (default 1) CPU-burning processes beside it
+	@pids=""; for i in $$(seq $(BURNERS)); do sh -c 'while :; do :; done' & pids="$$pids $$!"; done; \
+	trap 'kill $$pids 2>/dev/null' INT TERM EXIT; \
+	echo "$(BURNERS) CPU burner(s) running beside the suite (pids$$pids)"; \
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: setup  ## print every figure (benchmarks/): launcher, collectives, DDP, FSDP, memory, bubbles, lessons
 	$(BIN)/python benchmarks/launch_overhead.py
-	$(BIN)/python benchmarks/collectives.py --algorithms ring,torch --sizes 1M,16M,64M
+	$(BIN)/python benchmarks/collectives.py --sizes 1M,16M,64M --runs 3
+	$(BIN)/python benchmarks/collectives.py --sizes 4K:64M:2
 	$(BIN)/python benchmarks/ddp_step.py
 	$(BIN)/python benchmarks/fsdp_step.py
 	$(BIN)/python benchmarks/memory_measured.py

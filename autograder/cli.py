@@ -3,6 +3,7 @@
     autograder grade labs/01_collectives/                 # a student, in their lab folder
     autograder grade my_collectives.py --lab 01_collectives
     autograder batch submissions/ --lab 01_collectives --jobs 2 --out graded/
+    autograder batch submissions/ --lab 01_collectives --slurm --out graded/   # a job array
     autograder gradescope --lab 01_collectives --out autograder.zip
     autograder release --lab 01_collectives --out student/01_collectives
 
@@ -78,9 +79,19 @@ def _batch(args) -> int:
     from .batch import run_batch
 
     lab_dir = find_lab(args.lab, LABS_ROOT)
-    load_lab(lab_dir)  # fail early on a broken lab, before starting anything
-    rows = run_batch(args.folder, lab_dir, args.out, jobs=args.jobs)
-    scores = [r["score"] for r in rows]
+    lab = load_lab(lab_dir)  # fail early on a broken lab, before starting anything
+    if args.sbatch and args.slurm is None:
+        raise ValueError("--sbatch passes options to SLURM's sbatch: add --slurm")
+    if args.slurm is not None:
+        from .slurm import run_slurm_batch
+
+        tasks = None if args.slurm == "auto" else args.slurm
+        rows = run_slurm_batch(args.folder, lab_dir, args.out, tasks=tasks,
+                               jobs=args.jobs, max_score=lab.max_score,
+                               sbatch_args=args.sbatch)
+    else:
+        rows = run_batch(args.folder, lab_dir, args.out, jobs=args.jobs)
+    scores = [float(r["score"]) for r in rows]
     print(f"graded {len(rows)} submissions into {args.out} (summary.csv); "
           f"mean score {sum(scores) / len(scores):.1f}")
     return 0
@@ -116,6 +127,11 @@ def _labs(args) -> int:
     return 0
 
 
+def _tasks(text: str) -> int | str:
+    """--slurm's TASKS: a count, or "auto" (the flag alone: one task per submission)."""
+    return text if text == "auto" else int(text)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="autograder", description="Grade multi-rank lab submissions safely: results and "
@@ -145,6 +161,13 @@ def parser() -> argparse.ArgumentParser:
                    "up to 4 ranks)")
     b.add_argument("--out", type=Path, default=Path("graded"), help="output folder "
                    "(default ./graded)")
+    b.add_argument("--slurm", type=_tasks, nargs="?", const="auto", metavar="TASKS",
+                   help="grade through SLURM: one job array, submissions split across TASKS array "
+                   "tasks (default one per submission), each running this same batch command; "
+                   "waits, then gathers summary.csv (autograder/slurm.py)")
+    b.add_argument("--sbatch", default="", metavar="OPTIONS",
+                   help='extra sbatch options with --slurm, written with = as they start with --: '
+                   '--sbatch="--partition=cpu --time=1:00:00"')
     b.set_defaults(run=_batch)
 
     s = sub.add_parser("gradescope", help="build a Gradescope autograder zip for a lab",

@@ -23,7 +23,8 @@ set -euo pipefail
 cd /autograder/source
 TORCH_SPEC="${{TORCH_SPEC:-torch==2.13.0}}"
 if ! command -v python3 >/dev/null || ! python3 -m venv --help >/dev/null 2>&1; then
-  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y python3 python3-venv python3-pip
+  apt-get update && DEBIAN_FRONTEND=noninteractive \\
+    apt-get install -y python3 python3-venv python3-pip
 fi
 python3 -m venv /autograder/venv
 /autograder/venv/bin/python -m pip install --quiet --upgrade pip
@@ -40,7 +41,8 @@ mkdir -p /autograder/results
     --json /autograder/results/results.json --no-color
 status=$?
 if [ ! -s /autograder/results/results.json ]; then
-  printf '%s\\n' '{{"score": 0, "execution_time": 0, "output": "The autograder could not start (exit status '"$status"'); please tell your instructor.", "tests": []}}' \\
+  printf '%s\\n' '{{"score": 0, "execution_time": 0, "output": "The autograder could not '\\
+'start (exit status '"$status"'); please tell your instructor.", "tests": []}}' \\
     > /autograder/results/results.json
 fi
 exit 0
@@ -66,7 +68,8 @@ def build_bundle(lab_dir: Path, out: Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, text in (("setup.sh", SETUP.format()), ("run_autograder", RUN.format(lab=lab_dir.name))):
+        scripts = (("setup.sh", SETUP.format()), ("run_autograder", RUN.format(lab=lab_dir.name)))
+        for name, text in scripts:
             info = zipfile.ZipInfo(name)
             info.external_attr = 0o755 << 16  # executable, as Gradescope runs them directly
             zf.writestr(info, text)

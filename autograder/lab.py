@@ -147,8 +147,8 @@ def find_lab(name_or_path: str | Path, labs_root: Path | None = None) -> Path:
         if (path / "checks.py").is_file():
             return path.resolve()
         raise ValueError(f"{path} is not a lab folder (no checks.py in it)")
-    matches = sorted(p for p in root.glob("*/checks.py") if p.parent.name in
-                     (str(name_or_path), f"{name_or_path}")
+    matches = sorted(p for p in root.glob("*/checks.py")
+                     if p.parent.name in (str(name_or_path), f"{name_or_path}")
                      or p.parent.name.endswith(f"_{name_or_path}"))
     if len(matches) == 1:
         return matches[0].parent

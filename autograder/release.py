@@ -40,7 +40,8 @@ def strip_solutions(text: str, where: str = "<text>") -> tuple[str, int]:
         stripped = line.strip()
         if stripped == BEGIN:
             if inside:
-                raise MarkerError(f"{where}:{i}: {BEGIN} inside another region (opened at line {start})")
+                raise MarkerError(f"{where}:{i}: {BEGIN} inside another region (opened at line "
+                                  f"{start})")
             inside, indent, start = True, line[: len(line) - len(line.lstrip())], i
             continue
         if stripped == END:

@@ -15,12 +15,17 @@ median over steps, with the variants taking turns step by step so that a busy mo
 machine does not fall on one variant only. "vs torch" is the ratio to torch DDP.
 
 Usage: python benchmarks/ddp_step.py [--ranks 2 4] [--steps 40] [--bucket-cap-mb 4]
-Times vary ±30 % on a shared 2-core machine: read the ratios, and run it twice.
+                                     [--backend auto|gloo|nccl] [--out ddp_step.csv]
+Times vary ±30 % on a shared 2-core machine: read the ratios, and run it twice. On a GPU node
+(``--backend auto`` picks NCCL with a GPU per rank) model and data live on each rank's GPU and
+every step is timed to the end of its kernels (`torch.cuda.synchronize`). ``--out`` writes the
+table as CSV (`make gpu-check` puts it in the results folder that lesson 04 reads).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import statistics
 import time
 
@@ -30,7 +35,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from toolkit.data_parallel.ddp import BucketedDDP, NaiveDDP, OverlappedDDP
-from toolkit.launch import spawn
+from toolkit.launch import context, device, spawn
 from toolkit.models import TinyMLP, count_parameters
 
 VARIANTS = ("torch DDP", "naive", "bucketed", "overlapped")
@@ -43,31 +48,38 @@ def _model(args: argparse.Namespace) -> TinyMLP:
 
 def _wrap(name: str, model: torch.nn.Module, cap: float) -> torch.nn.Module:
     if name == "torch DDP":
-        return DistributedDataParallel(model, bucket_cap_mb=cap)
+        dev = device()
+        ids = [dev.index] if dev.type == "cuda" else None  # one GPU per process
+        return DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=cap)
     if name == "naive":
         return NaiveDDP(model)
     return {"bucketed": BucketedDDP, "overlapped": OverlappedDDP}[name](model, bucket_cap_mb=cap)
 
 
 def _steps(ddp: torch.nn.Module, opt: torch.optim.Optimizer, x, y, n: int) -> list[float]:
+    # CUDA kernels run asynchronously: time a step to the end of its last kernel.
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     times = []
     for _ in range(n):
         dist.barrier()
+        sync()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         F.mse_loss(ddp(x), y).backward()
         opt.step()
+        sync()
         times.append(time.perf_counter() - t0)
     return times
 
 
 def _bench(rank: int, world_size: int, args: argparse.Namespace) -> dict:
+    dev = device()  # cpu on gloo, this rank's GPU on NCCL
     gen = torch.Generator().manual_seed(rank)
-    x = torch.randn(args.batch, args.width // 4, generator=gen)
-    y = torch.randn(args.batch, args.width // 4, generator=gen)
+    x = torch.randn(args.batch, args.width // 4, generator=gen).to(dev)
+    y = torch.randn(args.batch, args.width // 4, generator=gen).to(dev)
     runs = {}
     for name in VARIANTS:
-        model = _model(args)
+        model = _model(args).to(dev)
         ddp = _wrap(name, model, args.bucket_cap_mb)
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
         _steps(ddp, opt, x, y, 3)  # warm-up (torch DDP rebuilds its buckets after step 1)
@@ -82,10 +94,10 @@ def _bench(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     buckets = {name: len(ddp.buckets) if hasattr(ddp, "buckets") else
                len(ddp.sync_params) if hasattr(ddp, "sync_params") else None
                for name, (ddp, _) in runs.items()}
-    return {"times": times, "buckets": buckets}
+    return {"times": times, "buckets": buckets, "where": f"{context().backend}, {dev}"}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=40, help="timed steps per variant")
@@ -93,16 +105,20 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=3, help="hidden layers of the TinyMLP")
     parser.add_argument("--batch", type=int, default=32, help="items per rank per step")
     parser.add_argument("--bucket-cap-mb", type=float, default=4.0)
-    args = parser.parse_args()
+    parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
+                        help="auto: NCCL when there is a GPU per rank, else gloo")
+    parser.add_argument("--out", help="also write the table to this CSV file")
+    args = parser.parse_args(argv)
 
     n_params = count_parameters(_model(args))
     print(f"model: TinyMLP width {args.width}, depth {args.depth}: {n_params:,} parameters, "
           f"{n_params * 4 / 2**20:.1f} MiB of fp32 gradients per step; batch {args.batch} per "
-          f"rank; bucket cap {args.bucket_cap_mb} MiB; torch {torch.__version__}, gloo, CPU")
+          f"rank; bucket cap {args.bucket_cap_mb} MiB; torch {torch.__version__}", flush=True)
     table: dict[int, dict[str, float]] = {}
     buckets: dict[str, int | None] = {}
     for p in args.ranks:
-        results = spawn(_bench, p, args, timeout=600, echo=False)
+        results = spawn(_bench, p, args, backend=args.backend, timeout=600, echo=False)
+        print(f"{p} ranks on {results[0]['where']} (rank 0)", flush=True)
         # Slowest rank per step (they finish together after the all-reduces), median of steps.
         table[p] = {name: statistics.median(max(step) for step in
                                             zip(*(r["times"][name] for r in results)))
@@ -121,6 +137,16 @@ def main() -> None:
             row += f"{t * 1e3:>15.1f}{t / ref:>10.2f}"
         print(row)
     print("(torch DDP's all-reduces run in C++, out of the recorder's sight: '?')")
+    if args.out:
+        with open(args.out, "w", newline="") as f:
+            out = csv.writer(f)
+            out.writerow(["variant", "all-reduces/step"] + [f"{p} ranks (ms)" for p in args.ranks]
+                         + [f"{p} ranks vs torch" for p in args.ranks])
+            for name in VARIANTS:
+                out.writerow([name, buckets.get(name)]
+                             + [round(table[p][name] * 1e3, 3) for p in args.ranks]
+                             + [round(table[p][name] / table[p]["torch DDP"], 3)
+                                for p in args.ranks])
 
 
 if __name__ == "__main__":

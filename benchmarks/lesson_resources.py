@@ -36,7 +36,9 @@ def tree_pss(pid: int) -> int:
     return total
 
 
-def run(path: Path) -> tuple[float, int]:
+def run(path: Path, save_to: Path | None = None) -> tuple[float, int]:
+    """(wall seconds, peak PSS bytes) of `path` run top to bottom; with `save_to`, the executed
+    notebook (outputs included, also when a cell failed) is written there."""
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(path.parent)}})
@@ -60,6 +62,8 @@ def run(path: Path) -> tuple[float, int]:
     finally:
         stop.set()
         sampler.join()
+        if save_to is not None:
+            nbformat.write(nb, save_to)
     return time.perf_counter() - t0, peak
 
 

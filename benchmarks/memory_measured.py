@@ -1,7 +1,7 @@
 """Bytes of model states each rank holds, measured, beside what `toolkit.memory` predicts.
 
 For every method (replicated data parallel, ZeRO-1, ZeRO-2, our FSDP, torch's FSDP2
-`fully_shard`) and world size, train a TinyGPT (`toolkit.memory.runs.DEFAULT_CONFIG`) for a
+`fully_shard`) and world size, train a TinyGPT (`toolkit.experiments.memory.DEFAULT_CONFIG`) for a
 few steps of fp32 Adam on real gloo ranks, count the bytes of parameters, gradients and
 optimizer state every rank holds afterwards, and print them beside
 
@@ -23,7 +23,7 @@ import argparse
 
 import pandas as pd
 
-from toolkit.memory.runs import METHODS, predicted_rows, run_methods
+from toolkit.experiments.memory import METHODS, predicted_rows, run_methods
 
 
 def table(world_sizes: list[int], steps: int) -> pd.DataFrame:
@@ -68,8 +68,8 @@ def main() -> None:
           "FSDP: one per unit); torch FSDP2: every parameter split along dim 0, params and grads "
           "padded to ⌈d0/N_d⌉ rows, Adam state not (so its ranks differ).\n"
           "volume/step: ring bytes one rank sends per step for its recorded "
-          "collectives ÷ ((N−1)/N · Ψ·4): 2 for DDP and ZeRO-2, 3 for ZeRO-1 as built "
-          "(all-reduce + all-gather) and for FSDP (a little less: its root is gathered once).")
+          "collectives ÷ ((N−1)/N · Ψ·4): 2 for DDP, ZeRO-1 and ZeRO-2 (reduce-scatter + "
+          "all-gather), 3 for FSDP (a little less: its root is gathered once).")
     if args.csv:
         df.to_csv(args.csv, index=False)
         print(f"\nwrote {args.csv}")

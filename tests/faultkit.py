@@ -3,13 +3,16 @@ code appended, so the later definitions win), a small lab built from the visible
 grade with its results.json validated, and the assertions every fault test makes.
 
 Grades run on a small lab (a few visible checks, 1-2 cases each) to keep each test at a few
-seconds: what is under test is the grader, not the lab's coverage. Checks meant to hang get a
-3 s timeout; the others keep a generous one so that a busy machine cannot turn a correct check
-into a timeout.
+seconds: what is under test is the grader, not the lab's coverage. Checks meant to hang get an
+8 s timeout, long enough for every rank of a loaded laptop to reach the place the report names;
+the others keep a generous one so that a busy machine cannot turn a correct check into a
+timeout. Nothing here asserts how long a grade took or which line a rank had reached when the
+timing decides it.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import re
@@ -26,7 +29,7 @@ from autograder.sandbox.limits import Limits
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "faults" / "01_collectives"
 REFERENCE = ROOT / "labs" / "01_collectives" / "collectives.py"
-HANG_S = 3.0      # timeout of a check that is meant to hang
+HANG_S = 8.0      # timeout of a check that is meant to hang (ranks of a busy machine get there)
 SAFE_S = 30.0     # timeout of a check that is meant to finish
 LIMITS = Limits(wall_s=120, processes=64)
 
@@ -92,6 +95,20 @@ def line_of(fault: str, text: str) -> int:
     return next(i for i, line in enumerate(lines, 1) if i > start and text in line)
 
 
+RING = ("exchange", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce")
+
+
+def ring_lines(fault: str) -> str:
+    """A regex matching any line of the ring's functions as the fault's submission defines them
+    (the last definition of a name wins, as when Python runs the file): which of them a waiting
+    rank was in can be up to timing."""
+    spans = {}
+    for node in ast.parse(source(fault)).body:
+        if isinstance(node, ast.FunctionDef) and node.name in RING:
+            spans[node.name] = range(node.lineno, node.end_lineno + 1)
+    return "(?:" + "|".join(str(n) for span in spans.values() for n in span) + r")\b"
+
+
 def run_grade(lab: Lab, path: Path, tmp_path: Path, *, limits: Limits = LIMITS):
     """Grade `path` with `lab`; check results.json and that nothing of the grade survives."""
     work = tmp_path / "runs"
@@ -128,6 +145,6 @@ def report_text(result) -> str:
     return to_text(result) + json.dumps(to_results_json(result))
 
 
-__all__ = ["FAULTS", "HANG_S", "LIMITS", "REFERENCE", "ROOT", "SMALL", "assert_failed",
-           "assert_passed", "line_of", "report_text", "run_fault", "run_grade", "small_lab",
-           "source", "submission", "survivors"]
+__all__ = ["FAULTS", "HANG_S", "LIMITS", "REFERENCE", "RING", "ROOT", "SMALL", "assert_failed",
+           "assert_passed", "line_of", "report_text", "ring_lines", "run_fault", "run_grade",
+           "small_lab", "source", "submission", "survivors"]

@@ -10,6 +10,7 @@ machine (`faultkit.survivors`), no folder (`faultkit.run_grade`), no child of th
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -20,7 +21,7 @@ import time
 import psutil
 import pytest
 from faultkit import (FAULTS, LIMITS, REFERENCE, ROOT, assert_failed, assert_passed,
-                      line_of, run_fault, source, submission, survivors)
+                      line_of, ring_lines, run_fault, source, submission, survivors)
 
 from autograder.lab import Lab, find_lab, load_lab
 from autograder.sandbox.cgroup import PidsGroup
@@ -42,8 +43,10 @@ CASES = {
     "exit_one_rank": (["ar", "tree"], {"ar": "crash"}, [r"Rank 1 exited \(code 3\)"], set()),
     "segfault_one_rank": (["ar", "tree"], {"ar": "crash"}, [r"Rank 1 died from SIGSEGV", "LINE"],
                           set()),
+    # Which call of the ring rank 0 was waiting in can be up to timing: the report names a line
+    # of the ring (RING), whichever it was.
     "deadlock_skip": (["ar"], {"ar": "deadlock"},
-                      [r"rank 0 in (send to|recv from) rank 1", r"work\.wait\(\)",
+                      [r"rank 0 in (send to|recv from) rank 1", r"collectives\.py line RING",
                        r"rank 1 had already returned", r"skips one or returns early"], {"ar"}),
     "deadlock_blocking_ring": (["ar"], {"ar": "deadlock"},
                                [r"rank 0 in send to rank 1", r"rank 1 in send to rank 0",
@@ -98,7 +101,8 @@ def test_fault_is_named_and_zeroed(lab01, fault, tmp_path):
     result, by_name = run_fault(lab01, fault, names, tmp_path, hang=hang)
     line = str(line_of(fault, LINES[fault])) if fault in LINES else ""
     first = next(n for n in names if n in failing)
-    assert_failed(by_name[first], failing[first], *[s.replace("LINE", line) for s in says])
+    says = [s.replace("LINE", line).replace("RING", ring_lines(fault)) for s in says]
+    assert_failed(by_name[first], failing[first], *says)
     for name in names:
         if name in failing:
             assert_failed(by_name[name], failing[name])
@@ -202,7 +206,7 @@ def test_signals_cannot_leave_the_sandbox(lab01, tmp_path):
         assert sentinel.is_running() and sentinel.status() != psutil.STATUS_ZOMBIE
     finally:
         sentinel.kill()
-        try:  # an orphan re-parented to this process (the grader makes it a subreaper)
+        try:  # an orphan re-parented to this process (were it still a subreaper)
             os.waitpid(sentinel.pid, 0)
         except ChildProcessError:
             pass
@@ -217,6 +221,24 @@ def test_the_callers_own_children_keep_their_exit_status(lab01, tmp_path):
     mine.kill()
     run_fault(lab01, "mistake_no_communication", ["ar"], tmp_path)
     assert mine.wait(timeout=5) == -9
+
+
+def _is_subreaper() -> bool:
+    was = ctypes.c_int(0)
+    ctypes.CDLL(None).prctl(37, ctypes.byref(was), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+    return bool(was.value)
+
+
+def test_the_caller_is_no_subreaper_after_a_grade(lab01, tmp_path):
+    """The grader adopts the sandbox's orphans during a grade only: left a subreaper, the caller
+    (a test session, an instructor's script) would collect zombies of every later daemon's
+    orphaned grandchildren (SLURM's, found by test_slurm's teardown)."""
+    assert not _is_subreaper()
+    run_fault(lab01, "mistake_no_communication", ["ar"], tmp_path)
+    assert not _is_subreaper()
+    orphan = subprocess.run(["sh", "-c", "sleep 0.2 >/dev/null 2>&1 & echo $!"],
+                            capture_output=True, text=True, check=True).stdout
+    assert int(orphan) not in {p.pid for p in psutil.Process().children(recursive=True)}
 
 
 def test_every_fault_file_has_a_test():

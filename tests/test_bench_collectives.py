@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_collectives", ROOT / "benchmarks" / "collectives.py")
+    spec = importlib.util.spec_from_file_location("bench_collectives",
+                                                  ROOT / "benchmarks" / "collectives.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -36,17 +37,36 @@ def test_small_run_prints_tables_and_saves_a_results_folder(tmp_path, capsys):
     bench = _bench()
     out = tmp_path / "laptop"
     code = bench.main(["--collectives", "all_reduce,all_gather", "--algorithms", "ring,torch",
-                       "--sizes", "4K,64K", "--world-sizes", "2", "--repeats", "1",
-                       "--min-time", "0.001", "--out", str(out)])
+                       "--sizes", "4K,16K,64K", "--world-sizes", "2", "--repeats", "2",
+                       "--max-repeats", "2", "--min-time", "0.001", "--runs", "2",
+                       "--out", str(out)])
     text = capsys.readouterr().out
     assert code == 0
-    assert "# all_reduce, 2 ranks, gloo" in text and "busbw" in text
-    assert "toolkit time / torch built-in time" in text and "α-β fit per algorithm" in text
+    assert "# all_reduce, 2 ranks, gloo" in text and "bus bandwidth" in text
+    assert "toolkit / built-in time, paired trial by trial" in text
+    assert "α-β fits per (collective, algorithm, p)" in text and "piecewise: max" in text
+    assert "on run 2 :" in text                      # the first run's model on the second run
+    # The runs side by side: one line per (p, size) with both medians and their ranges.
+    lines = [ln for ln in text.splitlines() if ln.startswith("  p=2 ") and " / " in ln]
+    assert len(lines) == 2 * 3 and all(("agree" in ln) != ("DISAGREE" in ln) for ln in lines)
     table, meta = load_results(out)
-    assert len(table) == 2 * 2 * 2 and meta["backend"] == "gloo" and meta["format"] == FORMAT
-    assert meta["args"]["world_sizes"] == "2"
+    assert len(table) == 2 * 2 * 3 * 2 and sorted(set(table.run_index)) == [1, 2]
+    assert meta["backend"] == "gloo" and meta["format"] == FORMAT
+    assert meta["args"]["world_sizes"] == "2" and isinstance(meta["runs_agree"], bool)
+    ring = table[(table.algorithm == "ring") & (table.collective == "all_reduce")]
+    assert (ring.baseline == "torch").all() and (ring.ratio_q25 <= ring.ratio_q75).all()
     html = (out / "report.html").read_text()
     assert "plotly" in html and "all_reduce, p=2" in html
+
+
+def test_default_cases_and_slice_sweep_labels():
+    bench = _bench()
+    args = bench.argparse.Namespace(collectives="all_reduce,broadcast", algorithms="default",
+                                    slices=[65536])
+    cases = bench.cases_from(args, None)
+    assert cases == [("all_reduce", "sliced_ring"), ("all_reduce", "ring"), ("all_reduce", "torch"),
+                     ("all_reduce", "sliced_ring:slice_bytes=65536"), ("broadcast", "tree"),
+                     ("broadcast", "torch")]
 
 
 def test_bad_arguments_exit_with_a_message(capsys):

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -181,7 +182,15 @@ PROMPTS_JS = """() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')
 
 
 def kernel_state(lab: Lab) -> str | None:
-    kernels = lab.api("api/kernels")
+    """The notebook kernel's execution state; None while there is none yet. jupyter_server
+    answers 500 to /api/kernels while a kernel is still starting (its last_activity not set
+    yet): that is "not ready", and the callers poll again within their deadline."""
+    try:
+        kernels = lab.api("api/kernels")
+    except urllib.error.HTTPError as err:
+        if err.code == 500:
+            return None
+        raise
     return kernels[0]["execution_state"] if kernels else None
 
 

@@ -82,7 +82,8 @@ def _compare_all(rank: int, world_size: int, group_ranks: list[int] | None) -> l
     # Matches torch's own tensor reduce-scatter / all-gather where p divides n.
     x = torch.arange(4.0 * p) * (rank + 1)
     ref = torch.empty(4)
-    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(ref, x, group=group)
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    reduce_scatter(ref, x, group=group)
     if not _close(C.ring_reduce_scatter(torch.empty(4), x, group), ref):
         bad.append("reduce_scatter vs reduce_scatter_tensor")
     ref = torch.empty(4 * p)
@@ -127,6 +128,85 @@ def test_subgroup_with_roots_given_as_global_ranks():
     assert failures == [[]] * 4
 
 
+# -- the sliced (pipelined) ring against the simple ring and torch ------------------------------
+
+SLICES = (2, 3, 7)  # slices per chunk asked for; chunks here do not divide by them
+
+
+def _slice_bytes(numel: int, p: int, dtype: torch.dtype, slices: int) -> int:
+    """A slice size that cuts the largest chunk into about `slices` slices."""
+    largest = max(C.chunk_sizes(numel, p))
+    return torch.empty(0, dtype=dtype).element_size() * max(1, -(-largest // slices))
+
+
+def _compare_sliced(rank: int, world_size: int, group_ranks: list[int] | None) -> list[str]:
+    """Sliced ring vs simple ring (bit for bit) and torch (close), every op, several dtypes."""
+    group = dist.new_group(group_ranks) if group_ranks is not None else None
+    members = group_ranks if group_ranks is not None else list(range(world_size))
+    if rank not in members:
+        x = torch.ones(5)
+        C.sliced_ring_all_reduce(x, group, slice_bytes=4)
+        return [] if torch.equal(x, torch.ones(5)) else ["non-member tensor changed"]
+    p, me = len(members), members.index(rank)
+    bad = []
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int32):
+        ops = ("sum", "avg", "max", "min") if dtype.is_floating_point else ("sum", "max")
+        for n in (0, 1, 5, 61, 1001):
+            gen = torch.Generator().manual_seed(100 * rank + n)
+            x = (torch.randn(n, generator=gen) * 8).to(dtype)
+            sizes = C.chunk_sizes(n, p)
+            for slices in SLICES:
+                sb = _slice_bytes(n, p, dtype, slices)
+                case = f"{dtype} n={n} slice_bytes={sb}"
+                for op in ops:
+                    simple, ref = x.clone(), x.clone()
+                    C.ring_all_reduce(simple, group, op=op)
+                    dist.all_reduce(ref, op=getattr(dist.ReduceOp, op.upper()), group=group)
+                    t = x.clone()
+                    if C.sliced_ring_all_reduce(t, group, op=op, slice_bytes=sb) is not t:
+                        bad.append(f"all_reduce returns another tensor {case}")
+                    if not torch.equal(t, simple) or not _close(t, ref):
+                        bad.append(f"all_reduce {op} {case}")
+                out = torch.full((sizes[me],), -1, dtype=dtype)
+                want = torch.full((sizes[me],), -1, dtype=dtype)
+                before = x.clone()
+                C.sliced_ring_reduce_scatter(out, x, group, slice_bytes=sb)
+                C.ring_reduce_scatter(want, x, group)
+                if not torch.equal(out, want) or not torch.equal(x, before):
+                    bad.append(f"reduce_scatter {case}")
+                full = torch.full((n,), -1, dtype=dtype)
+                base = torch.arange(n).to(dtype)  # the same on every rank
+                C.sliced_ring_all_gather(full, base[: sizes[me]] + me, group, slice_bytes=sb)
+                if not torch.equal(full, torch.cat([base[: sizes[i]] + i for i in range(p)])):
+                    bad.append(f"all_gather {case}")
+    t = torch.arange(12.0).reshape(3, 4).t() + rank  # non-contiguous, in place
+    ref = t.clone()
+    dist.all_reduce(ref, group=group)
+    if not _close(C.sliced_ring_all_reduce(t, group, slice_bytes=8), ref):
+        bad.append("non-contiguous sliced_ring_all_reduce")
+    return bad
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_sliced_ring_matches_the_simple_ring_and_torch(world_size):
+    failures = spawn(_compare_sliced, world_size, None, timeout=TIMEOUT)
+    assert failures == [[]] * world_size
+
+
+def test_sliced_ring_in_a_subgroup():
+    failures = spawn(_compare_sliced, 4, [0, 2, 3], timeout=TIMEOUT)
+    assert failures == [[]] * 4
+
+
+def test_ring_slices_cut_the_largest_chunk():
+    assert C.ring_slices(1000, 4, 4, slice_bytes=4 * 250) == 1      # chunks of 250 elements
+    assert C.ring_slices(1001, 4, 4, slice_bytes=4 * 250) == 2      # the largest has 251
+    assert C.ring_slices(16 << 20, 2, 4, slice_bytes=4 << 20) == 8  # 64 MiB: 32 MiB chunks
+    assert C.ring_slices(0, 3, 4) == C.ring_slices(2, 3, 8) == 1
+    with pytest.raises(ValueError, match="slice_bytes"):
+        C.ring_slices(10, 2, 4, slice_bytes=0)
+
+
 # -- traffic: recorded messages against the formulas -------------------------------------------
 
 def _run(rank, world_size, algorithm, numel, kwargs):
@@ -160,6 +240,46 @@ def test_ring_all_reduce_sends_2_p_minus_1_over_p_of_the_data(p, numel):
     assert not trace.where(op=["all_reduce", "broadcast", "reduce", "all_gather"]).events
 
 
+@pytest.mark.parametrize("p", [2, 3, 4])
+@pytest.mark.parametrize("numel, slices", [(1000, 4), (1001, 3), (2, 1)])
+def test_sliced_ring_sends_the_simple_rings_bytes_in_more_messages(p, numel, slices):
+    sb = _slice_bytes(numel, p, torch.float32, slices)
+    S = C.ring_slices(numel, p, 4, slice_bytes=sb)
+    trace = _traffic(p, ("all_reduce", "sliced_ring"), numel, slice_bytes=sb)
+    simple = _traffic(p, ("all_reduce", "ring"), numel)
+    assert S == min(slices, max(C.chunk_sizes(numel, p)))
+    for r, tot in trace.totals().items():
+        assert tot.messages_sent == tot.messages_received == 2 * (p - 1) * S
+        assert tot.bytes_sent == simple.totals()[r].bytes_sent  # 2(p−1)/p · X, exactly
+        assert tot.bytes_received == simple.totals()[r].bytes_received
+        assert set(e.peer for e in trace.where(rank=r, op="isend")) == {(r + 1) % p}
+    assert sum(t.bytes_sent for t in trace.totals().values()) == 2 * (p - 1) * 4 * numel
+    assert not trace.where(op=["all_reduce", "broadcast", "reduce", "all_gather"]).events
+
+
+def _halves(rank, world_size, numel, slice_bytes):
+    sizes = C.chunk_sizes(numel, world_size)
+    out = torch.empty(sizes[rank])
+    C.sliced_ring_reduce_scatter(out, torch.ones(numel), slice_bytes=slice_bytes)
+    full = torch.empty(numel)
+    C.sliced_ring_all_gather(full, out, slice_bytes=slice_bytes)
+    return full.sum().item()
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_sliced_reduce_scatter_and_all_gather_traffic(p):
+    numel, sb = 1001, 4 * 60  # chunks of 251 or 250 elements, slices of 60: S = 5
+    S = C.ring_slices(numel, p, 4, slice_bytes=sb)
+    with comm.recording() as trace:
+        totals = spawn(_halves, p, numel, sb, timeout=TIMEOUT)
+    assert totals == [float(p * numel)] * p
+    for tot in trace.totals().values():
+        # reduce-scatter then all-gather: each (p−1)·S messages, (p−1)/p·X bytes in all
+        assert tot.messages_sent == 2 * (p - 1) * S
+    total = sum(t.bytes_sent for t in trace.totals().values())
+    assert total == 2 * (p - 1) * 4 * numel
+
+
 @pytest.mark.parametrize("p", [2, 4])
 def test_parameter_server_root_receives_p_minus_1_copies(p):
     X = 4 * 1000
@@ -171,9 +291,16 @@ def test_parameter_server_root_receives_p_minus_1_copies(p):
 
 def test_sharded_parameter_server_moves_what_the_ring_moves():
     p, X = 4, 4 * 1000
-    for tot in _traffic(p, ("all_reduce", "sharded_ps")).totals().values():
+    trace = _traffic(p, ("all_reduce", "sharded_ps"))
+    for r, tot in trace.totals().items():
         assert tot.bytes_sent == tot.bytes_received == 2 * (p - 1) * X // p
         assert tot.messages_sent == 2 * (p - 1)
+        # 2(p−1) rounds, as the model counts: every send is waited for before the next one
+        # starts (program order, read from the recorded start and end of each call).
+        sends = sorted(trace.where(rank=r, op="isend"), key=lambda e: e.seq)
+        assert all(b.start >= a.end for a, b in zip(sends, sends[1:]))
+        # step j goes to rank r + j: each phase visits every other rank once, in turn
+        assert [e.peer for e in sends] == [(r + j) % p for j in range(1, p)] * 2
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])
@@ -226,6 +353,12 @@ def _bad_call(rank, world_size, case):
         C.tree_broadcast(x, src=rank)
     elif case == "not a tensor":
         C.ring_all_reduce([1.0, 2.0])
+    elif case == "sliced, not a tensor":
+        C.sliced_ring_all_reduce([1.0, 2.0])
+    elif case == "sliced, window 0":
+        C.sliced_ring_reduce_scatter(torch.empty(4), x, window=0)
+    elif case == "sliced, sizes differ":
+        C.sliced_ring_all_gather(torch.empty(8 + 2 * rank), torch.empty(4 + rank))  # 8 vs 10
 
 
 @pytest.mark.parametrize("case, words", [
@@ -238,6 +371,9 @@ def _bad_call(rank, world_size, case):
     ("dtypes differ", "float64"),
     ("roots differ", "root"),
     ("not a tensor", "must be a torch.Tensor"),
+    ("sliced, not a tensor", "sliced_ring_all_reduce(tensor=...) must be a torch.Tensor"),
+    ("sliced, window 0", "window=0 must be >= 1"),
+    ("sliced, sizes differ", "ranks disagree"),
 ])
 def test_bad_input_raises_a_clear_error(case, words):
     with pytest.raises(RankError) as info:

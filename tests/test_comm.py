@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -58,7 +59,8 @@ def test_inflight_board_posts_and_describes(tmp_path):
     board.post(1, 5, "recv", 0, 4000, "float32")
     slot = reader.read(1)
     assert slot.active and slot.op == "recv" and slot.peer == 0 and slot.seq == 5
-    assert slot.describe(slot.start + 2).startswith("in recv from rank 0 (4,000 bytes, float32) for 2.0 s")
+    assert slot.describe(slot.start + 2).startswith(
+        "in recv from rank 0 (4,000 bytes, float32) for 2.0 s")
     board.done(1)
     assert not reader.read(1).active and "not in a communication call" in reader.read(1).describe()
     board.close()
@@ -66,6 +68,7 @@ def test_inflight_board_posts_and_describes(tmp_path):
 
 
 def test_wrappers_are_installed_once_and_originals_kept():
+    comm.install()  # importing installs nothing (tests/test_imports.py); the launcher installs
     assert comm.is_installed()
     assert getattr(dist.all_reduce, "__toolkit_wrapped__", False)
     assert dist.all_reduce is dist.distributed_c10d.all_reduce
@@ -218,22 +221,28 @@ def test_event_cap_counts_what_it_drops():
     # Ranks drop the rest; the parent's trace keeps what arrived.
 
 
-def slow_ops(rank, world_size):
+def slow_ops(rank, world_size, posted):
     if rank == 0:
-        time.sleep(0.2)  # rank 1 waits in recv meanwhile
+        while not os.path.exists(posted):  # rank 1's receive has started
+            time.sleep(0.005)
+        time.sleep(0.2)  # rank 1 waits meanwhile
         dist.send(torch.ones(4), dst=1)
     else:
-        dist.recv(torch.zeros(4), src=0)
+        work = dist.irecv(torch.zeros(4), src=0)
+        open(posted, "w").close()
+        work.wait()
 
 
 @pytest.mark.multirank
-def test_times_show_who_waited():
+def test_times_show_who_waited(tmp_path):
+    # The order is made by the ranks, not by the scheduler: the receive starts, then rank 0
+    # learns it has (a file), sleeps 0.2 s and sends; the receive ends once the data is there.
     with comm.recording() as trace:
-        spawn(slow_ops, 2, timeout=60)
+        spawn(slow_ops, 2, str(tmp_path / "posted"), timeout=60)
     (send,) = trace.where(op="send")
-    (recv,) = trace.where(op="recv")
-    assert recv.duration >= 0.15          # blocked until rank 0 sent
-    assert recv.start < send.start < recv.end + 0.05
+    (recv,) = trace.where(op="irecv")
+    assert recv.start < send.start <= recv.end
+    assert recv.duration >= 0.2          # blocked until rank 0 sent
 
 
 def fails_after_talking(rank, world_size):
@@ -292,3 +301,55 @@ def test_messages_of_a_one_sided_trace_have_the_other_half_missing():
     trace = Trace([ev(0, 0, "send", 1, 4), ev(0, 1, "send", 1, 4)])
     msgs = trace.messages()
     assert [(m.index, m.recv) for m in msgs] == [(0, None), (1, None)]
+
+
+# -- each recording keeps its own caps; what ranks drop reaches the parent ---------------------
+
+def test_each_recording_keeps_values_only_up_to_its_own_cap():
+    from toolkit.comm.recorder import Recorder
+
+    rec, small, large, full = Recorder(), Trace(), Trace(), Trace()
+    rec.start(small, max_events=10, values=2)
+    rec.start(large, max_events=10, values=8)
+    rec.start(full, max_events=1, values=8)
+    sent = Event(0, 0, "send", 1, 12, "float32", (3,), 0.0, 1.0, values=(1.0, 2.0, 3.0))
+    kept = rec.add(sent)
+    assert small.events[0].values is None                 # 3 elements > its cap of 2
+    assert large.events[0].values == (1.0, 2.0, 3.0) and full.events[0].values == (1.0, 2.0, 3.0)
+    assert len(kept) == 3 and rec.add(sent) and full.dropped == 1 and len(full) == 1
+    assert small.dropped == 0 and len(small) == 2
+
+
+def _nested_value_caps(rank, world_size):
+    with comm.recording(values=0) as plain:
+        with comm.recording(values=8) as valued:
+            if rank == 0:
+                dist.send(torch.arange(3.0), dst=1)
+                dist.isend(torch.arange(4.0), dst=1).wait()
+            else:
+                dist.recv(torch.zeros(3), src=0)
+                dist.irecv(torch.zeros(4), src=0).wait()
+    return ([(e.op, e.values, e.end is not None) for e in plain],
+            [(e.op, e.values, e.end is not None) for e in valued])
+
+
+@pytest.mark.multirank
+def test_nested_recordings_in_a_rank_keep_their_own_values_cap():
+    (plain, valued), _ = spawn(_nested_value_caps, 2, timeout=60)
+    assert plain == [("send", None, True), ("isend", None, True)]       # asked for no values
+    assert valued == [("send", (0.0, 1.0, 2.0), True), ("isend", (0.0, 1.0, 2.0, 3.0), True)]
+
+
+@pytest.mark.multirank
+def test_recordings_around_spawn_keep_their_own_caps_and_count_what_ranks_dropped():
+    with comm.recording(max_events=5) as few:
+        with comm.recording(max_events=10, values=8) as more:
+            spawn(many, 2, timeout=60)                     # 50 all_reduces per rank
+    assert len(more) == 20 and more.dropped == 80          # ranks kept 10 each (the larger cap)
+    assert len(few) == 10 and few.dropped == 90            # its own cap: 5 per rank
+    assert sorted(e.rank for e in few) == [0] * 5 + [1] * 5
+    with comm.recording(values=0) as plain:
+        with comm.recording(values=8) as valued:
+            spawn(_send_slices, 2, timeout=30)
+    assert [e.values for e in valued.where(op="send")] == [(2.0, 3.0, 4.0)]
+    assert all(e.values is None for e in plain)

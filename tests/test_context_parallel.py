@@ -46,7 +46,8 @@ def _run(rank: int, world_size: int) -> dict:
             y.backward(shard_sequence(dout, rank, world_size))
         out[name, s, causal] = dict(
             y=y.detach(), grads=[t.grad for t in mine],
-            fwd=[(e.op, e.peer, e.nbytes) for e in fwd], bwd=[(e.op, e.peer, e.nbytes) for e in bwd])
+            fwd=[(e.op, e.peer, e.nbytes) for e in fwd],
+            bwd=[(e.op, e.peer, e.nbytes) for e in bwd])
     # Errors a rank sees before sending anything.
     errors = {}
     q = torch.zeros(1, world_size + 2, 4, 2)  # n_head = p + 2: divisible by p = 2, not by 4
@@ -83,10 +84,11 @@ def test_equal_full_attention_forward_backward_and_traffic(world_size: int) -> N
         ref.backward(dout)
         got = [r["cases"][name, s, causal] for r in results]
         torch.testing.assert_close(torch.cat([g["y"] for g in got], 2), ref.detach(),
-                                   rtol=1e-4, atol=1e-5, msg=lambda m: f"{where}: {m}")
+                                   rtol=1e-4, atol=1e-5, msg=lambda m, where=where: f"{where}: {m}")
         for i, leaf in enumerate(leaves):
             torch.testing.assert_close(torch.cat([g["grads"][i] for g in got], 2), leaf.grad,
-                                       rtol=1e-4, atol=1e-5, msg=lambda m: f"{where} grad {i}: {m}")
+                                       rtol=1e-4, atol=1e-5,
+                                       msg=lambda m, where=where, i=i: f"{where} grad {i}: {m}")
         sizes = sequence_sizes(s, p)
         block = [2 * B * NH * n * D * 4 for n in sizes]  # bytes of one (k, v) block of rank j
         for r, g in enumerate(got):
@@ -109,7 +111,7 @@ def test_equal_full_attention_forward_backward_and_traffic(world_size: int) -> N
                 assert g["bwd"] == [("all_to_all_single", None, B * NH * sizes[r] * D * 4),
                                     ("all_to_all_single", None, 3 * B * (NH // p) * s * D * 4)], \
                     where
-    for r, res in enumerate(results):
+    for res in results:
         err = res["errors"]
         if (p + 2) % p:  # p = 4: 6 heads cannot be split over 4 ranks
             assert "n_head=6 is not divisible by p=4" in err["ulysses_heads"], err
@@ -136,7 +138,8 @@ def test_one_process_and_pure_helpers() -> None:
     big = 30 * q
     torch.testing.assert_close(ring_attention(big, k, v), full_attention(big, k, v),
                                rtol=1e-4, atol=1e-5)
-    assert sequence_sizes(10, 4) == [3, 3, 2, 2] == [len(c) for c in torch.arange(10).tensor_split(4)]
+    split = [len(c) for c in torch.arange(10).tensor_split(4)]
+    assert sequence_sizes(10, 4) == [3, 3, 2, 2] == split
     assert shard_sequence(torch.arange(10).view(1, 1, 10, 1), 2, 4).flatten().tolist() == [6, 7]
     assert check_heads(8, 4) == 2
     with pytest.raises(ValueError, match="capped at n_head"):

@@ -9,6 +9,7 @@ import pytest
 
 from toolkit import comm, cost
 from toolkit import collectives as C
+from toolkit.experiments.collectives import measure
 from toolkit.launch import spawn
 
 LINK = cost.AlphaBeta(alpha=50e-6, beta=1e-9)  # 50 µs, 1 GB/s
@@ -54,13 +55,15 @@ def test_crossover_of_ring_and_parameter_server():
     a2, b2 = cost.coefficients("all_reduce", "tree", 8)
     assert n_star == pytest.approx((a1 - a2) * LINK.alpha / ((b2 - b1) * LINK.beta))
     below, above = n_star / 2, n_star * 2
-    ring, tree = (lambda n, a=a: cost.predict("all_reduce", a, n, 8, LINK) for a in ("ring", "tree"))
+    ring, tree = (lambda n, a=a: cost.predict("all_reduce", a, n, 8, LINK)
+                  for a in ("ring", "tree"))
     assert ring(below) > tree(below) and ring(above) < tree(above)
     assert cost.crossover_bytes("all_reduce", "ps", "ring", 4, LINK) == math.inf
 
 
 def test_fit_recovers_alpha_and_beta_from_exact_samples():
-    samples = [cost.Sample("all_reduce", alg, p, n, float(cost.predict("all_reduce", alg, n, p, LINK)))
+    samples = [cost.Sample("all_reduce", alg, p, n,
+                           float(cost.predict("all_reduce", alg, n, p, LINK)))
                for alg in ("ring", "ps", "tree") for p in (2, 4) for n in (4e3, 1e5, 4e6, 6.4e7)]
     fit = cost.fit_alpha_beta(samples)
     assert fit.link.alpha == pytest.approx(LINK.alpha, rel=1e-6)
@@ -72,12 +75,14 @@ def test_fit_minimises_relative_error_and_keeps_parameters_non_negative():
     rng = np.random.default_rng(0)
     sizes = np.geomspace(4e3, 6.4e7, 12)
     noisy = [cost.Sample("all_reduce", "ring", 4, n,
-                         float(cost.predict("all_reduce", "ring", n, 4, LINK)) * rng.uniform(0.9, 1.1))
+                         float(cost.predict("all_reduce", "ring", n, 4, LINK))
+                         * rng.uniform(0.9, 1.1))
              for n in sizes]
     fit = cost.fit_alpha_beta(noisy)
     assert fit.max_abs_error < 0.2 and fit.link.alpha > 0 and fit.link.beta > 0
     # Times that shrink with size would need a negative α or β: the fit clamps at 0.
-    odd = [cost.Sample("all_reduce", "ring", 2, n, t) for n, t in [(1e3, 1.0), (1e6, 0.5), (1e7, 0.4)]]
+    odd = [cost.Sample("all_reduce", "ring", 2, n, t)
+           for n, t in [(1e3, 1.0), (1e6, 0.5), (1e7, 0.4)]]
     fit = cost.fit_alpha_beta(odd)
     assert fit.link.alpha >= 0 and fit.link.beta >= 0
     assert np.allclose(cost.relative_errors(odd, fit.link), fit.relative_errors)
@@ -90,9 +95,16 @@ def test_fit_minimises_relative_error_and_keeps_parameters_non_negative():
     (lambda: cost.fit_alpha_beta([cost.Sample("all_reduce", "ring", 2, 1e3, 1e-3)]), "two or more"),
     (lambda: cost.fit_alpha_beta([cost.Sample("all_reduce", "ring", 2, 1e3, 0.0)] * 2), "> 0 s"),
     (lambda: cost.busbw("median", 1, 1, 2), "bus-bandwidth factor"),
-    (lambda: cost.measure([("all_reduce", "butterfly")], sizes=[8], world_sizes=[2]), "butterfly"),
-    (lambda: cost.measure([("all_reduce", "ring")], sizes=[8], world_sizes=[1]), ">= 2"),
-    (lambda: cost.measure([("all_reduce", "ring")], sizes=[0], world_sizes=[2]), "positive"),
+    (lambda: measure([("all_reduce", "butterfly")], sizes=[8], world_sizes=[2]), "butterfly"),
+    (lambda: measure([("all_reduce", "ring")], sizes=[8], world_sizes=[1]), ">= 2"),
+    (lambda: measure([("all_reduce", "ring")], sizes=[0], world_sizes=[2]), "positive"),
+    (lambda: measure([("all_reduce", "ring")], sizes=[8], world_sizes=[2], repeats=5,
+                     max_repeats=3), "max_repeats >= repeats"),
+    (lambda: measure([("all_reduce", "sliced_ring:window")], sizes=[8], world_sizes=[2]),
+     "key=integer"),
+    (lambda: measure([("all_reduce", "torch:slice_bytes=4")], sizes=[8], world_sizes=[2]),
+     "no options"),
+    (lambda: measure([("all_reduce", "ring")] * 2, sizes=[8], world_sizes=[2]), "twice"),
 ])
 def test_bad_input_says_what_was_expected(call, words):
     with pytest.raises(ValueError, match=words):
@@ -116,7 +128,8 @@ def test_models_match_the_traffic_the_collectives_record():
         with comm.recording() as trace:
             spawn(work, p, collective, algorithm, timeout=30)
         busiest = max(t.bytes_sent for t in trace.totals().values())
-        assert busiest == cost.bytes_sent_per_rank(collective, algorithm, X, p), collective + algorithm
+        assert busiest == cost.bytes_sent_per_rank(collective, algorithm, X, p), (
+            collective + algorithm)
 
 
 def torch_ones(n):
@@ -126,11 +139,12 @@ def torch_ones(n):
 
 @pytest.mark.multirank
 def test_measure_returns_a_table_with_bandwidths():
-    df = cost.measure([("all_reduce", "ring"), ("all_reduce", "torch"), ("all_gather", "ring"),
+    df = measure([("all_reduce", "ring"), ("all_reduce", "torch"), ("all_gather", "ring"),
                        ("broadcast", "tree"), ("scatter", "linear"), ("reduce_scatter", "torch")],
                       sizes=[4096, 65536], world_sizes=[2, 3], repeats=2, min_time=0.001)
     assert len(df) == 6 * 2 * 2
-    assert set(df.columns) >= {"collective", "algorithm", "p", "nbytes", "seconds", "algbw", "busbw"}
+    assert set(df.columns) >= {"collective", "algorithm", "p", "nbytes", "seconds", "algbw",
+                               "busbw", "q25_seconds", "q75_seconds", "ratio", "trials"}
     assert (df.seconds > 0).all() and (df.min_seconds <= df.seconds).all()
     ar = df[(df.collective == "all_reduce") & (df.p == 3)]
     assert np.allclose(ar.busbw, ar.algbw * 4 / 3)
@@ -138,3 +152,41 @@ def test_measure_returns_a_table_with_bandwidths():
     assert set(df.backend) == {"gloo"}
     fit = cost.fit_alpha_beta(df[df.algorithm != "torch"])
     assert fit.link.alpha >= 0 and fit.link.beta >= 0
+    # A ratio only where the collective's built-in ran beside it.
+    assert df[df.collective == "all_reduce"].query("algorithm == 'ring'").ratio.notna().all()
+    assert df[df.collective != "all_reduce"].ratio.isna().all()
+
+
+@pytest.mark.multirank
+def test_measure_alternates_the_algorithms_and_pairs_their_trials():
+    cases = [("all_reduce", "sliced_ring:slice_bytes=4096"), ("all_reduce", "torch"),
+             ("all_reduce", "ring")]
+    with comm.recording() as trace:
+        df = measure(cases, sizes=[65536], world_sizes=[2], repeats=4, max_repeats=4,
+                     warmup=1, min_time=0.0)
+    assert list(df.algorithm) == [c[1] for c in cases] and (df.trials == 4).all()
+    assert (df.calls == 1).all()  # min_time 0: one call per trial
+    trials = df.attrs["trials"]
+    base = trials[("all_reduce", "torch", 2, 65536)]
+    for r in df[df.algorithm != "torch"].itertuples():
+        mine = trials[("all_reduce", r.algorithm, 2, 65536)]
+        s = cost.spread(cost.paired_ratios(mine, base))
+        assert (r.ratio, r.ratio_q25, r.ratio_q75) == (s.median, s.q25, s.q75)
+        assert r.seconds == cost.spread(mine).median and r.baseline == "torch"
+    # Program order on rank 0: each trial starts with a barrier; the algorithms' trials follow
+    # each other in an order rotated every round (A B C, B C A, C A B, A B C).
+    events = sorted(trace.where(rank=0).events, key=lambda e: e.seq)
+    kinds, current = [], None
+    for e in events:
+        if e.op == "barrier":
+            current = []
+            kinds.append(current)
+        elif current is not None and e.dtype != "float64":   # not the max of the times
+            current.append("torch" if e.op == "all_reduce" else "ours")
+    labels = []   # per trial: which algorithm (sliced: S = 8 slices, 2·1·8 sends; simple: 2)
+    for k in kinds:
+        labels.append("torch" if k == ["torch"] else "sliced" if len(k) == 32 else "ring")
+    rounds = [labels[i:i + 3] for i in range(0, len(labels), 3)]
+    assert rounds[0] == ["sliced", "torch", "ring"]            # the warm-up round
+    assert rounds[1:] == [["sliced", "torch", "ring"], ["torch", "ring", "sliced"],
+                          ["ring", "sliced", "torch"], ["sliced", "torch", "ring"]]

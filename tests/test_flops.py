@@ -10,8 +10,9 @@ import torch
 
 from toolkit.flops import (
     A100_BF16, H100_SXM_BF16, PEAK_FLOPS, count_flops, flops_per_token, hfu, matmul_params,
-    matmul_peak, measure_step, mfu, recompute_flops, step_flops,
+    matmul_peak, mfu, recompute_flops, step_flops,
 )
+from toolkit.experiments.flops import measure_step
 from toolkit.models import GPTConfig, TinyGPT, make_token_data
 from toolkit.recompute import CheckpointedGPT
 

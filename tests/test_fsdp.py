@@ -65,7 +65,7 @@ def _fsdp(rank, world, kind, optimizer, opts, prefetch, dtype):
     model = FSDP(_model(kind), prefetch=prefetch, compute_dtype=dtype)
     opt = optimizer([p for p in model.parameters() if p.requires_grad], **opts)
     with comm.recording() as trace:
-        for step in range(STEPS):
+        for _ in range(STEPS):
             opt.zero_grad()
             _loss(kind, model, rank, world).backward()
             opt.step()
@@ -84,11 +84,11 @@ def test_fp32_matches_single_process(world):
             want = _reference(kind, optimizer, opts)
             results = spawn(_fsdp, world, kind, optimizer, opts, prefetch, None,
                             timeout=TIMEOUT, echo=False)
-            for state, held, groups, at_rest, events, dtypes in results:
+            for state, held, groups, at_rest, events, _dtypes in results:
                 assert state.keys() == want.keys()  # both names of the tied weight
                 for name in want:
                     torch.testing.assert_close(state[name], want[name], **TOL[optimizer],
-                                               msg=lambda m: f"{kind} {name}: {m}")
+                                               msg=lambda m, k=kind, n=name: f"{k} {n}: {m}")
                 assert at_rest == 0  # every gathered buffer freed between steps
                 # Memory at rest: each flat group holds its padded 1/N_d share of every state.
                 want_params = sum(4 * M.shard_numel(n, world) for n, _ in groups)
@@ -121,7 +121,7 @@ def test_traffic_per_step_is_two_gathers_and_one_reduce_scatter_per_unit():
 def test_bf16_compute_with_fp32_master_shards():
     want = _reference("gpt", *ADAM)
     results = spawn(_fsdp, 2, "gpt", *ADAM, True, torch.bfloat16, timeout=TIMEOUT, echo=False)
-    for state, held, groups, at_rest, events, dtypes in results:
+    for state, _held, _groups, at_rest, events, dtypes in results:
         assert set(dtypes) == {torch.float32}  # master shards and optimizer stay fp32
         assert {d for op, _, d, _ in events if op == "all_gather_into_tensor"} == {"bfloat16"}
         assert {d for op, _, d, _ in events if op == "reduce_scatter_tensor"} == {"float32"}
@@ -184,10 +184,60 @@ def test_gradient_accumulation_and_root_only(units_mode):
 
 
 def test_torch_fsdp2_holds_its_predicted_bytes():
-    from toolkit.memory.runs import predicted_rows, run_methods
+    from toolkit.experiments.memory import predicted_rows, run_methods
 
     rows = predicted_rows(run_methods(2, ("fsdp", "torch_fsdp2"), steps=1))
     for part in ("params", "grads", "optimizer"):
         assert (rows[part] == rows[f"padded_{part}"]).all(), part
     # Both shard Ψ over 2 ranks: within 2 % of 16Ψ/N_d, whatever the padding scheme.
     assert ((rows.measured_total / rows.pred_total - 1).abs() < 0.02).all()
+
+
+def _states(rank, world_size):
+    """Each group's state at the points of a step where the design says what it must be."""
+    from toolkit.data_parallel.fsdp import State
+
+    model = FSDP(TinyGPT(CFG), prefetch=True)
+    units = model.unit_groups
+
+    def states(groups):
+        return [g.state.value for g in groups]
+
+    seen = {"start": states(model._all_groups())}
+
+    def note(key, groups):
+        def hook(module, args, out):  # registered after FSDP's own hooks on the unit
+            seen.setdefault(key, states(groups))
+        return hook
+
+    model.module.blocks[0].register_forward_hook(note("after block 0", units[0] + units[1]))
+    model.module.blocks[2].register_forward_hook(note("root in forward", model.root_groups))
+    loss = _loss("gpt", model, rank, world_size)
+    seen["after forward"] = states(sum(units, [])), states(model.root_groups)
+    loss.backward()
+    seen["after backward"] = states(model._all_groups())
+    # Using a freed group, or a buffer freed behind the group's back, is caught, not used.
+    g = units[0][0]
+    for key in ("install freed", "storage gone"):
+        try:
+            g.install()
+            seen[key] = "not caught"
+        except AssertionError as exc:
+            seen[key] = str(exc)
+        g.gather()
+        assert g.state is State.GATHERED
+        g.full.untyped_storage().resize_(0)
+    return seen
+
+
+def test_group_state_is_explicit_and_follows_the_step():
+    seen = spawn(_states, 2, timeout=TIMEOUT)[0]
+    assert set(seen["start"]) == {"freed"}
+    # Block 0 freed as soon as its forward returned; block 1 prefetched (all-gather in flight).
+    assert seen["after block 0"] == ["freed", "in flight"]
+    assert set(seen["root in forward"]) == {"gathered"}      # kept for the whole forward
+    in_units, in_root = seen["after forward"]
+    assert set(in_units) == {"freed"} and set(in_root) == {"gathered"}
+    assert set(seen["after backward"]) == {"freed"}
+    assert seen["install freed"].startswith("FlatGroup is freed, expected")
+    assert seen["storage gone"].startswith("FlatGroup gathered holds 0 bytes of its")

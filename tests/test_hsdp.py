@@ -76,12 +76,12 @@ def _hsdp(rank, world, kind, shard_size, prefetch, accumulate):
                                                       ("mlp", False, True)])
 def test_2x2_matches_single_process(kind, prefetch, accumulate):
     want = _reference(kind)
-    for state, held, groups, events in spawn(_hsdp, 4, kind, 2, prefetch, accumulate,
+    for state, held, groups, _events in spawn(_hsdp, 4, kind, 2, prefetch, accumulate,
                                              timeout=TIMEOUT, echo=False):
         assert state.keys() == want.keys()
         for name in want:
             torch.testing.assert_close(state[name], want[name], rtol=1e-4, atol=3e-5,
-                                       msg=lambda m: f"{kind} {name}: {m}")
+                                       msg=lambda m, name=name: f"{kind} {name}: {m}")
         # Sharded over S = 2, not W = 4: each flat group's padded half, fp32 Adam.
         assert held.params == sum(4 * M.shard_numel(n, 2) for n, _ in groups)
         assert held.grads + held.optimizer == sum(12 * M.shard_numel(n, 2)

@@ -31,7 +31,8 @@ def test_jupyterlab_serves_the_lessons_with_plotly_and_widgets(tmp_path):
     log = tmp_path / "lab.log"
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
     with open(log, "w") as out:
-        server = subprocess.Popen(jupyter, cwd=LESSONS, stdout=out, stderr=subprocess.STDOUT, env=env)
+        server = subprocess.Popen(jupyter, cwd=LESSONS, stdout=out, stderr=subprocess.STDOUT,
+                                  env=env)
     try:
         port = None
         deadline = time.monotonic() + 60

@@ -2,6 +2,11 @@
 
 The autouse fixture in conftest.py fails any test that leaves a child process behind; tests
 that start grandchildren check those by pid.
+
+Tests that hang on purpose use HANG_S: long enough that on a loaded laptop every rank has
+reached the call the report must name (a rank still starting up would be reported as "had not
+made any communication call"). A timeout never fires early, so lower bounds on elapsed time
+are asserted; upper bounds are not: how fast a busy machine is decides them.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from procs import gone
 
 pytestmark = pytest.mark.multirank
 
+HANG_S = 8  # the timeout of a launch that is meant to hang
+
 
 def raise_on_two(rank, world_size):
     t = torch.ones(3)
@@ -35,15 +42,17 @@ def raise_on_two(rank, world_size):
 def test_exception_names_the_rank_and_stops_the_others_at_once():
     t0 = time.monotonic()
     with pytest.raises(RankError) as info:
-        spawn(raise_on_two, 4, timeout=60)
+        spawn(raise_on_two, 4, timeout=120)
     elapsed = time.monotonic() - t0
     err = info.value
     assert err.rank == 2 and err.world_size == 4
     assert err.kind == "exception" and err.exc_type == "ValueError"
     assert isinstance(err.exception, ValueError) and str(err.exception) == "boom on rank two"
-    assert "raise_on_two" in err.traceback and 'raise ValueError("boom on rank two")' in err.traceback
+    assert "raise_on_two" in err.traceback
+    assert 'raise ValueError("boom on rank two")' in err.traceback
     assert "rank 2 of 4 raised ValueError: boom on rank two" in str(err)
-    assert elapsed < 10, f"peers were not stopped at once ({elapsed:.1f} s; timeout was 60 s)"
+    # Waiting out the peers would take the whole timeout; stopping them takes a moment.
+    assert elapsed < 60, f"peers were not stopped at once ({elapsed:.1f} s; timeout was 120 s)"
 
 
 def skip_collective(rank, world_size):
@@ -57,17 +66,17 @@ def skip_collective(rank, world_size):
 def test_hang_is_stopped_at_the_timeout_and_names_each_rank_and_op():
     t0 = time.monotonic()
     with pytest.raises(SpawnTimeout) as info:
-        spawn(skip_collective, 3, timeout=3)
+        spawn(skip_collective, 3, timeout=HANG_S)
     elapsed = time.monotonic() - t0
     err = info.value
-    assert 3 <= elapsed < 3 + 10
+    assert elapsed >= HANG_S
     assert sorted(err.stuck) == [0, 1, 2] and err.finished == []
     for r in (0, 2):
         assert err.stuck[r].startswith("in all_reduce (4 bytes, float32)"), err.stuck[r]
         assert "skip_collective" in err.stuck[r]  # the rank's own stack
     assert "had not made any communication call" in err.stuck[1]
     assert "time.sleep(600)" in err.stuck[1] or "line" in err.stuck[1]
-    assert "rank 1:" in str(err) and "timed out after 3 s" in str(err)
+    assert "rank 1:" in str(err) and f"timed out after {HANG_S} s" in str(err)
 
 
 def spin(rank, world_size):
@@ -79,7 +88,7 @@ def spin(rank, world_size):
 
 def test_busy_loop_is_reported_with_the_waiting_peers():
     with pytest.raises(SpawnTimeout) as info:
-        spawn(spin, 2, timeout=2)
+        spawn(spin, 2, timeout=HANG_S)
     stuck = info.value.stuck
     assert "had not made any communication call" in stuck[0] and "spin" in stuck[0]
     assert stuck[1].startswith("in recv from rank 0 (1,000 bytes, float32)")
@@ -93,7 +102,7 @@ def finish_or_hang(rank, world_size):
 
 def test_timeout_lists_ranks_that_had_finished():
     with pytest.raises(SpawnTimeout) as info:
-        spawn(finish_or_hang, 2, timeout=2)
+        spawn(finish_or_hang, 2, timeout=HANG_S)
     assert info.value.finished == [0] and list(info.value.stuck) == [1]
 
 
@@ -106,7 +115,8 @@ def hard_exit(rank, world_size):
 def test_os_exit_is_the_reported_cause_not_the_peers_broken_connections():
     with pytest.raises(RankError) as info:
         spawn(hard_exit, 3, timeout=60)
-    assert info.value.rank == 1 and info.value.kind == "exit" and info.value.exit_code == 3, info.value.output
+    assert info.value.rank == 1 and info.value.kind == "exit" and info.value.exit_code == 3, (
+        info.value.output)
 
 
 def segfault(rank, world_size):
@@ -174,7 +184,7 @@ def test_processes_started_by_ranks_are_killed_too(tmp_path):
     with pytest.raises(RankError):
         spawn(start_grandchild, 2, str(tmp_path / "pid"), timeout=60)
     pids = [int((tmp_path / f"pid.{r}").read_text()) for r in range(2)]
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # killed at once; reaping on a busy machine may lag
     while not all(gone(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(gone(p) for p in pids), pids
@@ -212,10 +222,8 @@ def print_forever(rank, world_size):
 
 
 def test_a_rank_printing_forever_still_times_out(capsys):
-    t0 = time.monotonic()
     with pytest.raises(SpawnTimeout) as info:
         spawn(print_forever, 2, timeout=3)
-    assert time.monotonic() - t0 < 3 + 10
     assert sorted(info.value.stuck) == [0, 1]
     out, _ = capsys.readouterr()
     assert len(out) < 2 * 1.2e6  # echo stays capped at ~1 MB per rank

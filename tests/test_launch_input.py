@@ -15,8 +15,8 @@ def ok(rank, world_size, *args):
     return rank
 
 
-@pytest.mark.parametrize("world_size,error", [(0, ValueError), (-2, ValueError),
-                                              (2.5, TypeError), (True, TypeError), ("4", TypeError)])
+@pytest.mark.parametrize("world_size,error", [(0, ValueError), (-2, ValueError), (2.5, TypeError),
+                                              (True, TypeError), ("4", TypeError)])
 def test_bad_world_size(world_size, error):
     with pytest.raises(error, match="world_size"):
         spawn(ok, world_size)
@@ -45,7 +45,8 @@ def test_unknown_backend_lists_the_choices():
         spawn(ok, 2, backend="mpi-ish")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without GPUs")
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="checks the message on a machine without GPUs")
 def test_nccl_without_gpus_says_what_to_use_instead():
     with pytest.raises(ValueError, match="needs one GPU per rank.*backend='gloo'"):
         spawn(ok, 2, backend="nccl")

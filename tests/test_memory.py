@@ -91,6 +91,70 @@ def test_activations_korthikanti():
         M.activation_bytes_per_layer(seq_len=s, batch=0, hidden=h, heads=a)
 
 
+# (s, b, h, a, t): GPT-3 175B, Korthikanti's 22B and 530B, GPT-2 XL, and odd small sizes.
+SHAPES = [(2048, 1, 12288, 96, 8), (2048, 4, 6144, 64, 8), (2048, 1, 20480, 128, 8),
+          (1024, 8, 1600, 25, 1), (96, 3, 40, 5, 5), (4096, 2, 4096, 32, 4)]
+
+
+@pytest.mark.parametrize("s, b, h, a, t", SHAPES)
+def test_selective_and_flash_cases_against_table_2(s, b, h, a, t):
+    def act(**kw):
+        return M.activation_bytes_per_layer(seq_len=s, batch=b, hidden=h, heads=a,
+                                            tensor_parallel=t, **kw)
+
+    sbh = s * b * h
+    # Korthikanti et al. 2022, Table 2: the paper's four rows, then its two selective rows.
+    assert act() == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-12)
+    assert act(sequence_parallel=True) == pytest.approx(sbh * (34 / t + 5 * a * s / (h * t)),
+                                                        rel=1e-12)
+    assert act(recompute="full") == 2 * sbh
+    assert act(recompute="full", sequence_parallel=True) == pytest.approx(2 * sbh / t)
+    assert act(recompute="selective") == pytest.approx(sbh * (10 + 24 / t), rel=1e-12)
+    assert act(recompute="selective", sequence_parallel=True) == pytest.approx(sbh * 34 / t,
+                                                                               rel=1e-12)
+    # Flash-style attention stores no s×s scores: the 5·a·s/h term drops, the rest stays.
+    for sp in (False, True):
+        assert act(attention="flash", sequence_parallel=sp) == act(recompute="selective",
+                                                                   sequence_parallel=sp)
+        assert act(sequence_parallel=sp) - act(attention="flash", sequence_parallel=sp) == (
+            pytest.approx(5 * a * s * s * b / t, rel=1e-12))
+    assert act(attention="flash", recompute="full") == act(recompute="full")
+
+
+@pytest.mark.parametrize("s, b, h, a, t", SHAPES)
+def test_context_parallel_scores_are_linear_in_cp(s, b, h, a, t):
+    for cp in (c for c in (2, 3, 4, 8) if s % c == 0):
+        def act(**kw):
+            return M.activation_bytes_per_layer(seq_len=s, batch=b, hidden=h, heads=a,
+                                                tensor_parallel=t, sequence_parallel=True, **kw)
+
+        linear = act(context_parallel=cp)
+        # s/cp queries per rank, each against all s keys: 5·a·(s/cp)·s·b/t of scores.
+        assert linear == pytest.approx((s // cp) * b * h * 34 / t + 5 * a * (s // cp) * s * b / t,
+                                       rel=1e-12)
+        assert linear == pytest.approx(act() / cp, rel=1e-12)  # everything divides by cp
+        # The old mistake: a rank's shard treated as a short sequence (scores quadratic in cp).
+        quadratic = M.activation_bytes_per_layer(seq_len=s // cp, batch=b, hidden=h, heads=a,
+                                                 tensor_parallel=t, sequence_parallel=True)
+        assert quadratic < linear
+        assert linear - quadratic == pytest.approx(5 * a * (s // cp) * (s - s // cp) * b / t,
+                                                   rel=1e-9)
+        assert act(context_parallel=cp, attention="flash") == pytest.approx(
+            (s // cp) * b * h * 34 / t, rel=1e-12)
+
+
+def test_activation_case_errors_name_the_argument():
+    kw = dict(seq_len=10, batch=1, hidden=8, heads=2)
+    with pytest.raises(ValueError, match="attention must be one of"):
+        M.activation_bytes_per_layer(**kw, attention="fused")
+    with pytest.raises(ValueError, match="context_parallel=3 must divide seq_len=10"):
+        M.activation_bytes_per_layer(**kw, context_parallel=3)
+    with pytest.raises(ValueError, match="context_parallel must be an int >= 1"):
+        M.activation_bytes_per_layer(**kw, context_parallel=0)
+    assert set(M.RECOMPUTE) == {"none", "selective", "full"}
+    assert M.ATTENTION == ("materialised", "flash")
+
+
 def test_published_parameter_counts():
     assert M.MODELS["gpt2-small"].num_params == 124_439_808  # the released checkpoint's count
     assert M.MODELS["bert-large"].num_params == 335_141_888  # bert-large-uncased's count
@@ -172,7 +236,7 @@ def test_memory_calculator_view_and_explorer():
 
 
 def test_dim0_shards_as_torch_chunk():
-    from toolkit.memory.runs import dim0_shard_numel
+    from toolkit.experiments.memory import dim0_shard_numel
 
     shapes = [(5, 3), (2,), (4, 2, 2)]
     # torch.chunk along dim 0 on 4 ranks: rows 2,2,1,0 / 1,1,0,0 / 1,1,1,1

@@ -76,9 +76,10 @@ def test_data_helpers_leave_global_rng_untouched() -> None:
 
 def test_mlp_structure_and_shapes() -> None:
     m = TinyMLP(d_in=5, d_hidden=7, d_out=3, depth=3)
-    linears = [l for l in m.layers if isinstance(l, nn.Linear)]
+    linears = [layer for layer in m.layers if isinstance(layer, nn.Linear)]
     assert isinstance(m.layers, nn.Sequential)
-    assert [(l.in_features, l.out_features) for l in linears] == [(5, 7), (7, 7), (7, 7), (7, 3)]
+    assert [(lin.in_features, lin.out_features) for lin in linears] == [
+        (5, 7), (7, 7), (7, 7), (7, 3)]
     assert len(m.layers) == 2 * 3 + 1  # Linear, ReLU, ... Linear
     assert m(torch.randn(6, 5)).shape == (6, 3)
     # Slicing .layers (as pipeline stages will) composes back to the full model.

@@ -16,7 +16,7 @@ from toolkit.flops import flops_per_token
 from toolkit.models import GPTConfig
 from toolkit.pipeline import bubble_fraction
 from toolkit.planner import (
-    CLUSTERS, Cluster, Layout, as_shape, cluster, laptop, layouts, plan, predict, stage_params,
+    CLUSTERS, Layout, as_shape, cluster, laptop, layouts, plan, predict, stage_params,
 )
 
 DGX = cluster("dgx-a100-80gb")  # one node, 8 GPUs
@@ -103,6 +103,36 @@ def test_recompute_keeps_inputs_plus_one_layer_and_zero3_adds_gathered_layers():
     assert z3.buffers == 2 * (12 * 1280 ** 2 + 13 * 1280) * 2
 
 
+def test_selective_flash_and_context_parallel_activations_follow_toolkit_memory():
+    shape = memory.model_shape("gpt2-large")  # 36 layers, h = 1280, 20 heads, s = 1024
+    L, s, h, a = shape.layers, shape.seq_len, shape.hidden, shape.heads
+    base = dict(global_batch=8)
+
+    def act(**kw):
+        return memory.activation_bytes_per_layer(seq_len=s, batch=1, hidden=h, heads=a, **kw)
+
+    sel = predict(shape, DGX, Layout(dp=8, recompute="selective"), **base)
+    flash = predict(shape, DGX, Layout(dp=8, attention="flash"), **base)
+    plain = predict(shape, DGX, Layout(dp=8), **base)
+    # Selective: every layer keeps 34·s·b·h, plus one layer's scores while it is rerun.
+    assert sel.activations == pytest.approx(L * 34 * s * h + 5 * a * s * s, rel=1e-12)
+    assert flash.activations == pytest.approx(L * 34 * s * h, rel=1e-12)
+    assert plain.activations == pytest.approx(L * act(), rel=1e-12)
+    # Selective recomputes the attention core (4·L·h·s FLOPs per token): HFU counts it.
+    assert sel.compute > flash.compute == plain.compute
+    assert sel.hfu / sel.mfu == pytest.approx(sel.compute / plain.compute, rel=1e-12)
+    assert plain.hfu == plain.mfu and flash.hfu == flash.mfu
+    assert Layout(dp=8, recompute="selective", attention="flash").label().endswith("sel flash")
+    # Context parallel over 4 ranks: s/4 queries per rank, each against all s keys.
+    cp = predict(shape, DGX, Layout(dp=2, cp=4), **base)  # b = 4
+    assert cp.activations == pytest.approx(L * 4 * act(context_parallel=4), rel=1e-12)
+    assert cp.activations == pytest.approx(L * 4 * act() / 4, rel=1e-12)  # linear in cp
+    quadratic = memory.activation_bytes_per_layer(seq_len=s // 4, batch=4, hidden=h, heads=a)
+    assert cp.activations > L * quadratic  # the old act(s/cp) undercounted the scores
+    with pytest.raises(ValueError, match="attention must be one of"):
+        Layout(attention="fused")
+
+
 def test_time_terms_equal_the_formulas():
     cfg = GPTConfig(vocab_size=64, seq_len=64, d_model=128, n_head=4, n_layer=4)
     here = laptop(link=SLOW, peak_flops=1e10, ranks=4)
@@ -178,7 +208,7 @@ def test_gpt3_on_1024_a100s_pure_dp_does_not_fit_megatron_does():
 
 
 def test_measured_dp_and_tp_runs_train_the_same_model():
-    from toolkit.planner.measure import run_layout
+    from toolkit.experiments.planner import run_layout
     cfg = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_head=4, n_layer=2)
     dp = run_layout(cfg, Layout(dp=2), global_batch=4, steps=2, timeout=60)
     tp = run_layout(cfg, Layout(tp=2, micro_batches=2), global_batch=4, steps=2, timeout=60)

@@ -54,3 +54,21 @@ def test_untrusted_exceptions_stay_text():
         spawn(_raises, 2, timeout=30, echo=False, trusted=False)
     assert err.value.exception is None and err.value.exc_type == "ValueError"
     assert "bad value on" in err.value.traceback
+
+
+def test_rank_outcomes_cross_the_pipe_as_plain_data_and_come_back_equal():
+    from toolkit.comm import Event
+    from toolkit.launch.outcome import RankFailure, RankOutcome
+
+    event = Event(1, 0, "send", 0, 8, "float32", (2,), 1.0, 2.0, values=(1.0, 2.0)).as_tuple()
+    outcomes = [RankOutcome.ok({"loss": 0.5}, [event], dropped=3),
+                RankOutcome.error(RankFailure("exception", "ValueError", "bad", "Traceback...",
+                                              b"\x80", time=12.5), [event], dropped=1),
+                RankOutcome.died(-9)]
+    for outcome in outcomes:
+        plain = loads(pickle.dumps(outcome.to_plain()))     # classes are refused: none needed
+        assert RankOutcome.from_plain(plain) == outcome
+    for bad in (("ok", 1, [], 0), {"kind": "won"}, {"kind": "error", "failure": {"kind": "x"}},
+                {"kind": "ok", "events": [(1, 2)]}):
+        with pytest.raises(ValueError):
+            RankOutcome.from_plain(bad)

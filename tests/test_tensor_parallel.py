@@ -130,7 +130,8 @@ def test_blocks_match_dense_and_send_one_all_reduce_each_way(world_size: int) ->
             assert set(got[0]["grads"]) == set(ref["grads"]), where
             for name, want in ref["grads"].items():
                 torch.testing.assert_close(_assemble(name, [g["grads"][name] for g in got]),
-                                           want, **TOL, msg=lambda m: f"{where} {name}: {m}")
+                                           want, **TOL,
+                                           msg=lambda m, w=where, n=name: f"{w} {n}: {m}")
             row_bias = [f"{layer}.bias" for layer in ROW if f"{layer}.bias" in ref["grads"]]
             if sp:  # before the sync, each rank's row bias saw only its positions: they sum up
                 assert all(g["synced"] == 1 for g in got), where

@@ -18,13 +18,15 @@ SIZES = [4096, 65536, 1 << 20]
 
 
 def table(algorithms=("ring", "ps", "torch"), ps=(2, 4), collective="all_reduce") -> pd.DataFrame:
-    """A table shaped like cost.measure's, times from the model (torch: the ring's, ×0.9)."""
+    """A table shaped like experiments.collectives.measure's, times from the model (torch: the
+    ring's, ×0.9)."""
     rows = []
     for p in ps:
         for alg in algorithms:
             for n in SIZES:
                 model = "ring" if alg == cost.TORCH else alg
-                t = float(cost.predict(collective, model, n, p, LINK)) * (0.9 if alg == cost.TORCH else 1)
+                t = float(cost.predict(collective, model, n, p, LINK))
+                t *= 0.9 if alg == cost.TORCH else 1
                 rows.append(dict(collective=collective, algorithm=alg, p=p, nbytes=n, numel=n // 4,
                                  dtype="float32", seconds=t, min_seconds=t, algbw=n / t,
                                  busbw=float(cost.busbw(collective, n, t, p)), backend="gloo"))
@@ -150,7 +152,8 @@ def test_switch_points_and_fastest_follow_the_model():
     (lambda: viz.predicted_times(4, (1e-4, 1e-9)), TypeError, "AlphaBeta"),
     (lambda: viz.predicted_times(4, cost.AlphaBeta(-1.0, 1e-9)), ValueError, ">= 0"),
     (lambda: viz.predicted_times(4, LINK, (1e6, 1e3)), ValueError, "0 < low < high"),
-    (lambda: viz.predicted_times(4, LINK, algorithms=["ring", "butterfly"]), ValueError, "butterfly"),
+    (lambda: viz.predicted_times(4, LINK, algorithms=["ring", "butterfly"]), ValueError,
+     "butterfly"),
     (lambda: viz.predicted_times(4, LINK, algorithms=[]), ValueError, "no algorithms"),
     (lambda: viz.predicted_times(4, LINK, collective="all_to_all"), ValueError, "no cost model"),
     (lambda: viz.predicted_times(4, LINK, (1e3, 1e6), mark=1e9), ValueError, "outside"),
@@ -172,7 +175,8 @@ def test_cost_terms_stack_to_the_prediction_and_latency_takes_over_as_p_grows():
     lat, bw = fig.data
     assert list(lat.x) == ["2", "8", "64", "1024"] and fig.layout.barmode == "stack"
     total = np.array(lat.y) + np.array(bw.y)
-    assert np.allclose(total, [float(cost.predict("all_reduce", "ring", n, p, LINK)) * 1e3 for p in ps])
+    assert np.allclose(total, [float(cost.predict("all_reduce", "ring", n, p, LINK)) * 1e3
+                               for p in ps])
     share = np.array(lat.y) / total
     assert (np.diff(share) > 0).all() and share[-1] > 0.9    # 2(p−1)α grows, 2(p−1)/p·nβ < 2nβ
     assert bw.y[-1] < 2 * n * LINK.beta * 1e3
@@ -200,3 +204,63 @@ def test_human_bytes():
     assert [human_bytes(n) for n in (512, 4096, 1.5 * 2 ** 20, 2 ** 30)] == [
         "512 B", "4 KB", "1.5 MB", "1 GB"]
     assert math.isclose(float(human_bytes(3000).split()[0]), 2.93)
+
+
+# -- regime_curves and slice_speedups (toolkit.viz.regimes) -------------------------------------
+
+def _two_regime_table(ps=(2, 4)) -> pd.DataFrame:
+    """Times from two links, a step at 1 MB, with interquartile ranges ±10 %."""
+    step, slow = 1 << 20, cost.AlphaBeta(alpha=400e-6, beta=2e-9)
+    rows = []
+    for p in ps:
+        for n in [4096 * 4 ** k for k in range(7)]:
+            t = float(cost.predict("all_reduce", "ring", n, p, LINK if n < step else slow))
+            rows.append(dict(collective="all_reduce", algorithm="sliced_ring", p=p, nbytes=n,
+                             numel=n // 4, seconds=t, q25_seconds=0.9 * t, q75_seconds=1.1 * t))
+    return pd.DataFrame(rows)
+
+
+def test_regime_curves_draw_each_regime_and_its_boundary():
+    t = _two_regime_table()
+    fits = {("sliced_ring", p): cost.fit_piecewise(cost.as_model(t[t.p == p], "sliced_ring"))
+            for p in (2, 4)}
+    fig = viz.regime_curves(t, fits)
+    measured = [d for d in fig.data if d.mode == "markers"]
+    assert len(measured) == 2 and np.allclose(measured[0].y, t[t.p == 2].seconds * 1e3)
+    assert np.allclose(measured[0].error_y.array, 0.1 * t[t.p == 2].seconds * 1e3)
+    lines = [d for d in fig.data if d.mode == "lines"]
+    assert sorted({d.name for d in lines}) == ["sliced_ring regime 1", "sliced_ring regime 2"]
+    assert len(lines) == 4                                    # two regimes × two panels
+    (r1,) = [d for d in lines if d.name.endswith("1") and d.xaxis == "x"]
+    assert max(r1.x) < 1 << 20 and np.allclose(
+        r1.y, cost.predict("all_reduce", "ring", np.array(r1.x), 2, LINK) * 1e3)
+    edges = [s.x0 for s in fig.layout.shapes]
+    assert len(edges) == 2 and all(256 << 10 < e < 1 << 20 for e in edges)
+    with pytest.raises(TypeError, match="PiecewiseFit"):
+        viz.regime_curves(t, {("sliced_ring", 2): LINK})
+
+
+def test_slice_speedups_measured_and_modelled():
+    rows = []
+    for p in (2, 4):
+        for n in (1 << 20, 16 << 20):
+            rows.append(dict(collective="all_reduce", algorithm="ring", p=p, nbytes=n,
+                             numel=n // 4, seconds=1.0))
+            for sb, sec in ((n // p, 0.9), (n // (4 * p), 0.8), (n // (64 * p), 1.6)):
+                rows.append(dict(collective="all_reduce", algorithm=f"sliced_ring:slice_bytes={sb}",
+                                 p=p, nbytes=n, numel=n // 4, seconds=sec))
+    t = pd.DataFrame(rows)
+    fig = viz.slice_speedups(t)
+    measured = [d for d in fig.data if d.xaxis == "x"]
+    assert [d.name for d in measured] == ["1 MB", "16 MB"]
+    assert list(measured[0].x) == [1, 4, 64]                 # slices per chunk
+    assert np.allclose(measured[0].y, [1 / 0.9, 1 / 0.8, 1 / 1.6])
+    modelled = viz.slice_speedups(t, links={2: LINK, 4: LINK}, gamma=1e-9)
+    dotted = [d for d in modelled.data if d.line.dash == "dot"]
+    assert len(dotted) == 4 and dotted[0].y[0] == pytest.approx(1.0)   # S = 1: the simple ring
+    assert np.allclose(dotted[0].y, cost.slicing_speedup(1 << 20, 2, LINK, gamma=1e-9,
+                                                         slices=np.array(dotted[0].x)))
+    with pytest.raises(ValueError, match="--slices"):
+        viz.slice_speedups(t[t.algorithm == "ring"])
+    with pytest.raises(ValueError, match="both"):
+        viz.slice_speedups(t, links={2: LINK})

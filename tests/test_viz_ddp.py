@@ -1,4 +1,5 @@
-"""toolkit.viz.ddp and toolkit.widgets.ddp: lesson 04's figures, pure models and explorer.
+"""toolkit.viz.ddp and toolkit.widgets.SliderExplorer: lesson 04's figures, pure models and
+explorer.
 
 The α-β step model is checked against the formula by hand, the staleness simulation against the
 closed-form stability bound of delayed gradient descent, the overlap timeline against a
@@ -16,7 +17,7 @@ import pytest
 from toolkit.comm.events import Event
 from toolkit.cost import AlphaBeta
 from toolkit.viz.ddp import dp_step_time, overlap_timeline, scaling_figure, scaling_table, stale_sgd
-from toolkit.widgets.ddp import SliderExplorer
+from toolkit.widgets import SliderExplorer
 
 LINK = AlphaBeta(alpha=100e-6, beta=1e-9)
 
@@ -42,7 +43,8 @@ def test_dp_step_time_matches_the_ring_formula_by_hand():
 def test_overlap_hides_at_most_the_compute():
     full = dp_step_time(2, batch=4, seconds_per_item=1e-4, grad_bytes=1e8, link=LINK, overlap=1.0)
     assert full["exposed comm"] == pytest.approx(full["comm"] - full["compute"])
-    half = dp_step_time(2, batch=4096, seconds_per_item=1e-3, grad_bytes=1e6, link=LINK, overlap=0.5)
+    half = dp_step_time(2, batch=4096, seconds_per_item=1e-3, grad_bytes=1e6, link=LINK,
+                        overlap=0.5)
     assert half["exposed comm"] == pytest.approx(0.5 * half["comm"])
 
 
@@ -95,7 +97,8 @@ def test_stale_sgd_k0_is_gradient_descent_and_diverges_to_inf():
 
 def test_overlap_timeline_draws_compute_and_buckets_per_rank():
     t0 = 1000.0
-    compute = {r: [("layer 1", t0, t0 + 0.010), ("layer 0", t0 + 0.010, t0 + 0.020)] for r in (0, 1)}
+    compute = {r: [("layer 1", t0, t0 + 0.010), ("layer 0", t0 + 0.010, t0 + 0.020)]
+               for r in (0, 1)}
     trace = [_event(0, 0, t0 + 0.011, t0 + 0.015), _event(0, 1, t0 + 0.020, t0 + 0.024, 8192),
              _event(1, 0, t0 + 0.012, t0 + 0.015), _event(1, 1, t0 + 0.021, None),
              Event(rank=0, seq=2, op="broadcast", peer=0, nbytes=4, dtype="float32", shape=(1,),
@@ -103,9 +106,11 @@ def test_overlap_timeline_draws_compute_and_buckets_per_rank():
     fig = overlap_timeline(trace, compute)
     bars = {(t.name, t.y[0]): t for t in fig.data}
     comm0 = bars["all-reduce (one per bucket)", "rank 0 all-reduce"]
-    assert list(comm0.base) == pytest.approx([11.0, 20.0]) and list(comm0.x) == pytest.approx([4.0, 4.0])
+    assert list(comm0.base) == pytest.approx([11.0, 20.0])
+    assert list(comm0.x) == pytest.approx([4.0, 4.0])
     assert list(comm0.text) == ["b0", "b1"]
-    assert list(bars["all-reduce (one per bucket)", "rank 1 all-reduce"].x) == pytest.approx([3.0, 0.0])
+    rank1 = bars["all-reduce (one per bucket)", "rank 1 all-reduce"]
+    assert list(rank1.x) == pytest.approx([3.0, 0.0])
     assert list(bars["backward compute", "rank 1 backward"].base) == pytest.approx([0.0, 10.0])
     assert list(fig.layout.yaxis.categoryarray) == ["rank 1 all-reduce", "rank 1 backward",
                                                    "rank 0 all-reduce", "rank 0 backward"]

@@ -1,4 +1,4 @@
-"""toolkit.viz.tensor_parallel's figures (blocks, traffic, times) and lesson 08's explorer
+"""toolkit.viz.tensor_parallel's figures (blocks, traffic, times) and lesson 12's explorer
 (toolkit.widgets.tensor_parallel), without a browser."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def test_tp_time_view_lines_marker_links_and_verdict():
     assert marker.x[0] == 50 and marker.y[0] == pytest.approx(here["comm"] * 1e3)
     assert len(fig.layout.shapes) == len(tpviz.LINKS)
     xs = sorted(s.x0 for s in fig.layout.shapes)
-    assert xs == pytest.approx(sorted(l.bandwidth / 1e9 for l in tpviz.LINKS.values()))
+    assert xs == pytest.approx(sorted(link.bandwidth / 1e9 for link in tpviz.LINKS.values()))
     # Annotations sit in log10 units on the log axis, on their dotted lines.
     assert sorted(a.x for a in fig.layout.annotations) == pytest.approx([math.log10(x) for x in xs])
     share = here["comm"] / (here["comm"] + here["compute"])

@@ -102,3 +102,25 @@ def test_show_in_replaces_an_output_in_one_step():
     assert "text/html" in first[1]["data"]
     widgets.show_in(area, go.Figure(layout_title_text="second"))
     assert len(area.outputs) == 1 and "second" in area.outputs[0]["data"]["text/plain"]
+
+
+def test_slider_explorer_lays_out_rows_and_extra_widgets_and_guards_its_names():
+    import plotly.graph_objects as go
+
+    def view(a, b, c):
+        return go.Figure(), f"{a + b + c}"
+
+    note = W.HTML("note")
+    ex = widgets.SliderExplorer(view, rows=[["c"], ["a", "b"]], extra=[note],
+                                a=W.IntSlider(value=1), b=W.IntSlider(value=2),
+                                c=W.IntSlider(value=3))
+    first, second, verdict, extra, output = ex.widget.children
+    assert list(first.children) == [ex.c] and list(second.children) == [ex.a, ex.b]
+    assert verdict is ex.verdict and extra is note and output is ex.output
+    ex.b.value = 5                                       # a control by its name, as attribute
+    assert ex.verdict.value == "9"
+    with pytest.raises(ValueError, match="every control once"):
+        widgets.SliderExplorer(view, rows=[["a", "b"]], a=W.IntSlider(), b=W.IntSlider(),
+                               c=W.IntSlider())
+    with pytest.raises(ValueError, match="may not be called 'figure'"):
+        widgets.SliderExplorer(lambda figure: (go.Figure(), ""), figure=W.IntSlider())

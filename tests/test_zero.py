@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from toolkit import comm
 from toolkit import memory as M
+from toolkit.data_parallel.fsdp_schedule import ring_wire_bytes
 from toolkit.data_parallel.zero import ShardedOptimizer
 from toolkit.launch import spawn
 from toolkit.models import (
@@ -62,7 +63,7 @@ def _reference(kind: str, optimizer, **opts):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _sharded(rank, world, kind, stage, optimizer, opts):
+def _sharded(rank, world, kind, stage, optimizer, opts, reduce="reduce_scatter"):
     n = BATCH // world
     if kind == "mlp":
         model = TinyMLP(**MLP)
@@ -73,7 +74,7 @@ def _sharded(rank, world, kind, stage, optimizer, opts):
         model = _gpt(kind == "gpt-frozen")
         x, y = make_token_data(BATCH, CFG.seq_len, CFG.vocab_size)
         loss = lambda: model(x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n])[1]  # noqa
-    opt = ShardedOptimizer(model.parameters(), optimizer, stage=stage, **opts)
+    opt = ShardedOptimizer(model.parameters(), optimizer, stage=stage, reduce=reduce, **opts)
     with comm.recording() as trace:
         _train(model, opt, loss)
     held = M.held_model_states(model, opt)
@@ -89,15 +90,19 @@ TOLERANCE = {torch.optim.SGD: dict(rtol=1e-5, atol=1e-6),
              torch.optim.Adam: dict(rtol=1e-4, atol=3e-5)}
 
 
+# Stage 1 reduce-scatters (2Ψ per step, as stage 2); its naive variant all-reduces (3Ψ).
+VARIANTS = [(1, "reduce_scatter", 2), (1, "all_reduce", 3), (2, "reduce_scatter", 2)]
+
+
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("stage", [1, 2])
-def test_matches_single_process_and_memory_math(world, stage):
+@pytest.mark.parametrize("stage, reduce, volume", VARIANTS)
+def test_matches_single_process_and_memory_math(world, stage, reduce, volume):
     for kind in ("mlp", "gpt", "gpt-frozen"):
         for optimizer, opts in CASES:
             want = _reference(kind, optimizer, **opts)
-            results = spawn(_sharded, world, kind, stage, optimizer, opts, timeout=TIMEOUT,
-                            echo=False)
-            for params, held, events in results:
+            results = spawn(_sharded, world, kind, stage, optimizer, opts, reduce,
+                            timeout=TIMEOUT, echo=False)
+            for params, _held, _events in results:
                 for got, ref in zip(params, want):
                     torch.testing.assert_close(got, ref, **TOLERANCE[optimizer])
             if kind == "gpt-frozen":
@@ -111,9 +116,12 @@ def test_matches_single_process_and_memory_math(world, stage):
                 assert (held.params, held.grads, held.optimizer) == (
                     want_bytes.params, want_bytes.grads, want_bytes.optimizer)
                 assert held.step_bytes == (4 if optimizer is torch.optim.Adam else 0)
-                first = "all_reduce" if stage == 1 else "reduce_scatter_tensor"
+                first = "all_reduce" if reduce == "all_reduce" else "reduce_scatter_tensor"
                 # Per step: the full padded gradient in, then my shard into the all-gather.
                 assert events == [(first, 4 * world * S), ("all_gather_into_tensor", 4 * S)] * STEPS
+                # As a ring moves them: volume × (N-1)/N × the padded Ψ, in fp32 bytes.
+                sent = sum(ring_wire_bytes(op, n, world) for op, n in events) / STEPS
+                assert sent == volume * (world - 1) * S * 4
 
 
 def _hyper(rank, world):
@@ -134,8 +142,57 @@ def test_scheduler_lr_reaches_inner_optimizer_and_params_share_one_buffer():
         assert same and views == 1 and padding == 3 * M.shard_numel(223, 3) - 223 == 2
 
 
+def _zero_grad_modes(rank, world, stage, reduce):
+    """Steps with zero_grad(set_to_none=True), then False, then none at all (accumulation),
+    against single-process SGD doing the same; .grad and held bytes after each kind."""
+    model = TinyMLP(**MLP)
+    opt = ShardedOptimizer(model.parameters(), torch.optim.SGD, stage=stage, reduce=reduce,
+                           lr=0.1)
+    x, y = make_regression_data(BATCH, MLP["d_in"], MLP["d_out"])
+    n = BATCH // world
+    xs, ys = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
+    seen = {}
+    for mode in (True, False, "skip"):
+        if mode != "skip":
+            opt.zero_grad(set_to_none=mode)
+            grads = [p.grad for p in model.parameters()] + [opt.optim.param_groups[0][
+                "params"][0].grad]
+            seen[mode] = (["none" if g is None else "zero" if not g.any() else "other"
+                           for g in grads], M.storage_bytes(grads))
+        F.mse_loss(model(xs), ys).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()], seen
+
+
+@pytest.mark.parametrize("stage, reduce", [(1, "reduce_scatter"), (1, "all_reduce"),
+                                           (2, "reduce_scatter")])
+def test_zero_grad_set_to_none_is_honoured(stage, reduce):
+    reference = TinyMLP(**MLP)
+    ref = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x, y = make_regression_data(BATCH, MLP["d_in"], MLP["d_out"])
+    for mode in (True, False, "skip"):
+        if mode != "skip":
+            ref.zero_grad(set_to_none=mode)
+        F.mse_loss(reference(x), y).backward()
+        ref.step()
+    S = M.shard_numel(count_parameters(reference), 2)
+    for params, seen in spawn(_zero_grad_modes, 2, stage, reduce, timeout=TIMEOUT, echo=False):
+        for got, want in zip(params, reference.parameters()):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        kinds, held = seen[True]
+        assert set(kinds) == {"none"} and held == 0  # stage 1's flat buffer is freed too
+        kinds, held = seen[False]
+        if stage == 1:  # every .grad a zeroed window on the kept flat buffer
+            assert set(kinds[:-1]) == {"zero"} and held == 4 * 2 * S
+        else:  # stage 2 had dropped the full gradients in step; its shard gradient is zeroed
+            assert set(kinds[:-1]) == {"none"} and kinds[-1] == "zero" and held == 4 * S
+
+
 def test_errors():
     with pytest.raises(ValueError, match="stage must be 1 or 2"):
         ShardedOptimizer(TinyMLP().parameters(), torch.optim.SGD, stage=3, lr=0.1)
+    with pytest.raises(ValueError, match="all_reduce only at stage 1"):
+        ShardedOptimizer(TinyMLP().parameters(), torch.optim.SGD, stage=2, reduce="all_reduce",
+                         lr=0.1)
     with pytest.raises(RuntimeError, match="not initialised"):
         ShardedOptimizer(TinyMLP().parameters(), torch.optim.SGD, stage=1, lr=0.1)

@@ -47,6 +47,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .arguments import check_int
+
 __all__ = ["CheckpointInfo", "atomic_save", "get_rng_state", "load_checkpoint",
            "save_checkpoint", "set_rng_state"]
 
@@ -107,7 +109,8 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
 
 
 def get_rng_state() -> dict:
-    """This process's random state: torch (CPU, and CUDA if used), `random`, numpy if present.
+    """This process's random state: torch (CPU, and this rank's GPU if CUDA is in use),
+    `random`, numpy if present.
 
     Stored as tensors and plain containers so that ``torch.load(weights_only=True)`` reads it.
     """
@@ -115,7 +118,9 @@ def get_rng_state() -> dict:
     state: dict[str, Any] = {"torch": torch.get_rng_state(),
                              "python": [py_version, list(py_state), py_gauss]}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # The current device's only (cuda:LOCAL_RANK under NCCL): get_rng_state_all() would
+        # create a CUDA context on every GPU of the node in every rank.
+        state["cuda_device"] = torch.cuda.get_rng_state()
     try:
         import numpy as np
     except ImportError:
@@ -131,8 +136,8 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     version, py_state, gauss = state["python"]
     random.setstate((version, tuple(py_state), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda_device" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda_device"])  # this rank's current device
     if "numpy" in state:
         import numpy as np
         kind, keys, pos, has_gauss, cached = state["numpy"]
@@ -160,8 +165,7 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module,
     are gathered); rank 0 alone writes, with `atomic_save`; all return after the file is in
     place. Without a process group it simply writes.
     """
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"save_checkpoint: step must be an int >= 0, got {step!r}")
+    check_int("save_checkpoint", "step", step, low=0)
     rank, world = _dist()
     rng: list[dict] = [get_rng_state()]
     if world > 1:

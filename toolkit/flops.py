@@ -17,7 +17,8 @@ forward one (gradient of the input, of the weight), so a step costs 3× forward:
     per token:  6·N + 12·L·h·s          (PaLM appendix B; causal masking not subtracted)
 
 `torch.utils.flop_counter.FlopCounterMode` counts the matmuls a step actually runs; for
-`TinyGPT` it agrees with the formula exactly (`tests/test_flops.py`).
+`TinyGPT` it agrees with the formula exactly (`tests/test_flops.py`;
+`toolkit.experiments.flops.measure_step` counts and times a real step, recomputation included).
 
 Utilisation: MFU = model FLOPs per second ÷ peak; HFU = FLOPs the hardware did (recomputation
 included) per second ÷ peak. Full activation recomputation reruns every layer's forward: 8N +
@@ -35,11 +36,13 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
-from .models import GPTConfig, TinyGPT
+from .arguments import check_int
+from .models import GPTConfig
 
 __all__ = ["A100_BF16", "A100_FP32", "H100_PCIE_BF16", "H100_SXM_BF16", "PEAK_FLOPS",
-           "V100_FP16", "count_flops", "flops_per_token", "hfu", "matmul_params", "matmul_peak",
-           "measure_step", "mfu", "recompute_flops", "step_flops", "timed"]
+           "V100_FP16", "count_flops", "flash_recompute_flops", "flops_per_token", "hfu",
+           "matmul_params", "matmul_peak", "mfu", "recompute_flops",
+           "step_flops", "timed"]
 
 # Peak dense tensor-core throughput, FLOP/s (vendor datasheets; "with sparsity" figures halved).
 V100_FP16 = 125e12  # NVIDIA V100 SXM2 datasheet, fp16 tensor core
@@ -63,9 +66,7 @@ def matmul_params(cfg: GPTConfig) -> int:
 
 def _seq(cfg: GPTConfig, seq_len: int | None) -> int:
     s = cfg.seq_len if seq_len is None else seq_len
-    if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s:
-        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
-    return s
+    return check_int("", "seq_len", s)
 
 
 def flops_per_token(cfg: GPTConfig, *, seq_len: int | None = None) -> float:
@@ -93,11 +94,17 @@ def recompute_flops(cfg: GPTConfig, *, seq_len: int | None = None,
     raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
 
 
+def flash_recompute_flops(cfg: GPTConfig, *, seq_len: int | None = None) -> float:
+    """Extra FLOPs per token of a FlashAttention-style kernel: its backward recomputes the
+    scores q·kᵀ instead of reading them back (Dao et al., 2022, "FlashAttention", §3.1 and the
+    backward pass of appendix B), 2·L·h·s per token; they count in HFU, not in MFU."""
+    return float(2 * cfg.n_layer * cfg.d_model * _seq(cfg, seq_len))
+
+
 def step_flops(cfg: GPTConfig, batch: int, *, seq_len: int | None = None,
                recompute: str = "none") -> dict[str, float]:
     """``{"model": ..., "hardware": ...}`` FLOPs of one step of `batch` sequences of `seq_len`."""
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a positive int, got {batch!r}")
+    check_int("step_flops", "batch", batch)
     tokens = batch * _seq(cfg, seq_len)
     model = flops_per_token(cfg, seq_len=seq_len) * tokens
     return {"model": model,
@@ -129,15 +136,22 @@ def count_flops(fn: Callable[[], object]) -> int:
     return int(counter.get_total_flops())
 
 
-def matmul_peak(n: int = 512, *, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
-    """FLOP/s of an n×n by n×n matmul on this machine, best of `repeats`: a practical "peak" to
-    compare a CPU run with (no datasheet figure applies to a shared laptop core)."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+def matmul_peak(n: int = 512, *, repeats: int = 5, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu") -> float:
+    """FLOP/s of an n×n by n×n matmul on `device`, best of `repeats`: a practical "peak" to
+    compare a run with (no datasheet figure applies to a shared laptop core)."""
+    device = torch.device(device)
+    # CUDA kernels are asynchronous: time to the kernel's end, not to its launch.
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
     a @ b  # warm-up: first call allocates and picks a kernel
     best = float("inf")
     for _ in range(max(1, repeats)):
+        sync()
         t0 = time.perf_counter()
         a @ b
+        sync()
         best = min(best, time.perf_counter() - t0)
     return 2 * n ** 3 / best
 
@@ -150,29 +164,3 @@ def timed(fn: Callable[[], Tensor | None], *, repeats: int = 3) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-def measure_step(model: TinyGPT, idx: Tensor, targets: Tensor, *, every: int | None = None,
-                 repeats: int = 3) -> dict[str, float]:
-    """One training step (forward + backward) of `model`, counted and timed.
-
-    ``every``: checkpoint segments of that many blocks (`toolkit.recompute.CheckpointedGPT`),
-    None for none. Returns ``model_flops`` (the formula, `step_flops`), ``counted_flops``
-    (FlopCounterMode: what ran, recomputation included), ``seconds`` (best of `repeats`) and
-    ``flops_per_s`` (model FLOPs per second: the numerator of MFU).
-    """
-    from .recompute import CheckpointedGPT  # here: recompute imports nothing from this module
-
-    step_model = CheckpointedGPT(model, every=every)
-
-    def step() -> None:
-        model.zero_grad(set_to_none=True)
-        _, loss = step_model(idx, targets)
-        loss.backward()
-
-    counted = count_flops(step)
-    seconds = timed(step, repeats=repeats)
-    model.zero_grad(set_to_none=True)
-    analytic = step_flops(model.cfg, idx.shape[0], seq_len=idx.shape[1])["model"]
-    return {"model_flops": analytic, "counted_flops": float(counted), "seconds": seconds,
-            "flops_per_s": analytic / seconds}

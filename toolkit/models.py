@@ -11,6 +11,10 @@ RNG. So every rank, and the single-process reference that checks it, builds bitw
 model from the same seed without broadcasting anything, and building a model in the middle of
 a run does not shift the random numbers of the code around it (data shuffling, dropout).
 
+``device=`` (models and data alike) draws on the CPU generator as above, then moves the result:
+a GPU rank gets bitwise the numbers a CPU reference gets (a CUDA generator draws others), as
+Megatron-LM's CPU initialisation does. In a rank, pass ``device=toolkit.launch.device()``.
+
     model = TinyGPT(GPTConfig(n_layer=4))
     x, y = make_token_data(32, seq_len=16, vocab_size=64)
     logits, loss = model(x, y)
@@ -20,33 +24,42 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .arguments import check_int, check_ints
 
 __all__ = [
     "GPTConfig", "TinyGPT", "TinyMLP", "count_parameters", "gpt_param_count",
     "make_regression_data", "make_token_data",
 ]
 
+Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
+"""An attention core: (q, k, v), each (b, nh, s, hd) -> (b, nh, s, hd)."""
 
-def _check_positive(owner: str, **values: int) -> None:
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
+
+DeviceLike = torch.device | str | None
+
+
+def _moved(t: Tensor, device: DeviceLike) -> Tensor:
+    """`t` on `device` (None: where it is)."""
+    return t if device is None else t.to(device)
 
 
 class TinyMLP(nn.Module):
-    """``depth`` hidden Linear+ReLU layers of width ``d_hidden``, then a Linear to ``d_out``."""
+    """``depth`` hidden Linear+ReLU layers of width ``d_hidden``, then a Linear to ``d_out``;
+    built on ``device`` (the same values on every device, see the module docstring)."""
 
     def __init__(
-        self, d_in: int = 8, d_hidden: int = 32, d_out: int = 4, depth: int = 2, seed: int = 0
+        self, d_in: int = 8, d_hidden: int = 32, d_out: int = 4, depth: int = 2, seed: int = 0,
+        *, device: DeviceLike = None,
     ) -> None:
         super().__init__()
-        _check_positive("TinyMLP", d_in=d_in, d_hidden=d_hidden, d_out=d_out)
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-            raise ValueError(f"TinyMLP: depth must be an int >= 0, got {depth!r}")
+        check_ints("TinyMLP", d_in=d_in, d_hidden=d_hidden, d_out=d_out)
+        check_int("TinyMLP", "depth", depth, low=0)
         widths = [d_in] + [d_hidden] * depth + [d_out]
         mods: list[nn.Module] = []
         # Built on the meta device, so PyTorch's default init (which draws from the global RNG)
@@ -66,6 +79,8 @@ class TinyMLP(nn.Module):
                     bound = 1.0 / math.sqrt(lin.in_features)
                     lin.weight.uniform_(-bound, bound, generator=gen)
                     lin.bias.uniform_(-bound, bound, generator=gen)
+        if device is not None:
+            self.to(device)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.layers(x)  # (b, d_in) -> (b, d_out)
@@ -95,12 +110,12 @@ class GPTConfig:
     """Seed of the local generator that initialises the parameters."""
 
     def __post_init__(self) -> None:
-        _check_positive(
+        check_ints(
             "GPTConfig", vocab_size=self.vocab_size, seq_len=self.seq_len,
             d_model=self.d_model, n_head=self.n_head, n_layer=self.n_layer,
         )
         if self.d_ff is not None:
-            _check_positive("GPTConfig", d_ff=self.d_ff)
+            check_ints("GPTConfig", d_ff=self.d_ff)
         if self.d_model % self.n_head != 0:
             raise ValueError(
                 f"GPTConfig: d_model must be divisible by n_head, "
@@ -133,20 +148,29 @@ class CausalSelfAttention(nn.Module):
         self.out_proj = nn.Linear(h, h)
         self.attn_drop, self.resid_drop = nn.Dropout(cfg.dropout), nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, attend: Attend | None = None) -> Tensor:
+        """`attend` replaces the attention core `self.attend` (same inputs and output), e.g. to
+        recompute it in backward (`toolkit.recompute`'s selective recomputation)."""
         b, s, h = x.shape
         nh, hd = self.n_head, self.head_dim
         # (b, s, h) @ (h, h) -> (b, s, h) -> (b, nh, s, hd), one each for q, k, v
         q = self.q_proj(x).view(b, s, nh, hd).transpose(1, 2)
         k = self.k_proj(x).view(b, s, nh, hd).transpose(1, 2)
         v = self.v_proj(x).view(b, s, nh, hd).transpose(1, 2)
-        # (b, nh, s, hd) @ (b, nh, hd, s) -> (b, nh, s, s)
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
-        future = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
-        att = self.attn_drop(att.masked_fill(future, float("-inf")).softmax(dim=-1))
-        y = att @ v  # (b, nh, s, s) @ (b, nh, s, hd) -> (b, nh, s, hd)
+        y = (attend or self.attend)(q, k, v)  # (b, nh, s, hd)
         y = y.transpose(1, 2).reshape(b, s, h)  # (b, nh, s, hd) -> (b, s, h)
         return self.resid_drop(self.out_proj(y))  # (b, s, h) @ (h, h) -> (b, s, h)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The attention core, softmax(q kᵀ/√d, causal) v, with dropout on the probabilities:
+        (b, nh, s, hd) three times -> (b, nh, s, hd). It keeps the (b, nh, s, s) scores for
+        backward, the 5·a·s²·b term of Korthikanti et al. 2022 (toolkit.memory.activations)."""
+        s = q.shape[-2]
+        # (b, nh, s, hd) @ (b, nh, hd, s) -> (b, nh, s, s)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        att = self.attn_drop(att.masked_fill(future, float("-inf")).softmax(dim=-1))
+        return att @ v  # (b, nh, s, s) @ (b, nh, s, hd) -> (b, nh, s, hd)
 
 
 class MLP(nn.Module):
@@ -171,15 +195,19 @@ class Block(nn.Module):
         self.ln_1, self.attn = nn.LayerNorm(cfg.d_model), CausalSelfAttention(cfg)
         self.ln_2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: Tensor, attend: Attend | None = None) -> Tensor:
+        # attend: see CausalSelfAttention.forward. Passed only when given, so that a block whose
+        # attn was swapped for another module (a tensor-parallel one) still runs.
+        y = self.ln_1(x)
+        x = x + (self.attn(y) if attend is None else self.attn(y, attend))
         return x + self.mlp(self.ln_2(x))
 
 
 class TinyGPT(nn.Module):
-    """A small GPT-2-style language model; ``forward(idx, targets)`` -> ``(logits, loss)``."""
+    """A small GPT-2-style language model; ``forward(idx, targets)`` -> ``(logits, loss)``;
+    built on ``device`` (the same values on every device, see the module docstring)."""
 
-    def __init__(self, cfg: GPTConfig | None = None) -> None:
+    def __init__(self, cfg: GPTConfig | None = None, *, device: DeviceLike = None) -> None:
         super().__init__()
         self.cfg = cfg = cfg if cfg is not None else GPTConfig()
         with torch.device("meta"):  # see TinyMLP: keeps the global RNG untouched
@@ -207,6 +235,10 @@ class TinyGPT(nn.Module):
                 else:
                     resid = name.endswith(("out_proj.weight", "down_proj.weight"))
                     p.normal_(0.0, resid_std if resid else 0.02, generator=gen)
+        if device is not None:
+            self.to(device)
+            if cfg.tie_weights:  # a move to another kind of tensor (meta) makes new parameters
+                self.lm_head.weight = self.tok_emb.weight
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         b, s = idx.shape
@@ -240,34 +272,37 @@ def gpt_param_count(cfg: GPTConfig) -> int:
     return embeddings + cfg.n_layer * (attention + mlp + layer_norms) + 2 * h + head
 
 
-def make_regression_data(n: int, d_in: int, d_out: int, *, seed: int = 0) -> tuple[Tensor, Tensor]:
-    """``(x, y)`` of shapes ``(n, d_in)``, ``(n, d_out)``: a fixed random linear map plus noise.
+def make_regression_data(n: int, d_in: int, d_out: int, *, seed: int = 0,
+                         device: DeviceLike = None) -> tuple[Tensor, Tensor]:
+    """``(x, y)`` of shapes ``(n, d_in)``, ``(n, d_out)``: a fixed random linear map plus noise,
+    on ``device`` (drawn on the CPU: the same values everywhere).
 
     A `TinyMLP(d_in=d_in, d_out=d_out)` can fit it, so losses visibly fall in a lesson.
     """
-    _check_positive("make_regression_data", n=n, d_in=d_in, d_out=d_out)
+    check_ints("make_regression_data", n=n, d_in=d_in, d_out=d_out)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d_in, generator=gen)
     w = torch.randn(d_in, d_out, generator=gen) / math.sqrt(d_in)
     # (n, d_in) @ (d_in, d_out) -> (n, d_out)
     y = x @ w + 0.01 * torch.randn(n, d_out, generator=gen)
-    return x, y
+    return _moved(x, device), _moved(y, device)
 
 
 def make_token_data(
-    n: int, seq_len: int, vocab_size: int, *, seed: int = 0
+    n: int, seq_len: int, vocab_size: int, *, seed: int = 0, device: DeviceLike = None
 ) -> tuple[Tensor, Tensor]:
-    """``(inputs, targets)``, both ``(n, seq_len)`` int64, with ``targets[:, t] == inputs[:, t+1]``.
+    """``(inputs, targets)``, both ``(n, seq_len)`` int64, with ``targets[:, t] == inputs[:, t+1]``,
+    on ``device`` (drawn on the CPU: the same values everywhere).
 
     Each sequence starts at a random token and then follows one fixed random permutation of the
     vocabulary, so the next token is a function of the current one: a model can learn it and the
     loss falls well below ``log(vocab_size)`` (uniform random tokens leave nothing to learn).
     """
-    _check_positive("make_token_data", n=n, seq_len=seq_len, vocab_size=vocab_size)
+    check_ints("make_token_data", n=n, seq_len=seq_len, vocab_size=vocab_size)
     gen = torch.Generator().manual_seed(seed)
     successor = torch.randperm(vocab_size, generator=gen)
     seq = torch.empty(n, seq_len + 1, dtype=torch.long)
     seq[:, 0] = torch.randint(vocab_size, (n,), generator=gen)
     for t in range(seq_len):
         seq[:, t + 1] = successor[seq[:, t]]
-    return seq[:, :-1].clone(), seq[:, 1:].clone()
+    return _moved(seq[:, :-1].clone(), device), _moved(seq[:, 1:].clone(), device)

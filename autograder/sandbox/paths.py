@@ -7,10 +7,10 @@ rule is made) and the CPU's description, not the rest of /proc and /sys (another
 name, command line and counters, a cgroup's task count, the host's memory: things a rank can
 change about itself and another can read, i.e. channels), the random devices, the lab's code
 folder (the student's files and the lab's harness), the rank-side half of the grader
-(``autograder/sandbox``), and the `toolkit` modules a lab names (`LabInfo.sandbox_modules`,
-e.g. the tiny models). Write: the rank's own folder (plain
-files and folders only) and /dev/null. Nothing else: no other rank's folder, no /dev/shm, no
-device node, not the lab (reference solution, hidden checks).
+(``autograder/sandbox``), `toolkit/arguments.py` (argument checks), and the `toolkit`
+modules a lab names (`LabInfo.sandbox_modules`, e.g. the tiny models). Write: the rank's own
+folder (plain files and folders only) and /dev/null. Nothing else: no other rank's folder, no
+/dev/shm, no device node, not the lab (reference solution, hidden checks).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def rank_paths(code: Path, home: Path,
     for entry in sys.path:  # site-packages and friends (a venv's may sit outside its prefix)
         if entry and Path(entry).is_dir() and "site-packages" in entry:
             read.add(entry)
-    read.add(str(pkg / "__init__.py"))
+    # arguments.py: the argument checks that toolkit.models (a lab's sandbox module) imports.
+    read |= {str(pkg / "__init__.py"), str(pkg / "arguments.py")}
     for name in toolkit_modules:  # what a lab's harness needs (LabInfo.sandbox_modules)
         if not name.replace("_", "").isalnum():
             raise ValueError(f"sandbox module {name!r} must be a plain toolkit module name")

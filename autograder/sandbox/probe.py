@@ -3,7 +3,8 @@
 A lab's ``harness.py`` defines ``CALLS[name](student, call) -> output``. `call` carries this
 rank's number, the world size, the case's public parameters (sizes, dtypes, roots: never the
 grade's secret), this rank's inputs (made by the grader from a per-grade secret and delivered
-to this rank alone), and two ways to tell the courier where a case is:
+to this rank alone), the device its tensors go on, and two ways to tell the courier where a
+case is:
 
     with call.section("fwd"):        # every call made inside lands in the section "fwd"
         y = layer(x)
@@ -30,7 +31,11 @@ class Call:
     case: dict
     """The case's public parameters (the grader keeps its seed)."""
     inputs: Any
-    """This rank's inputs for the case, as the lab's ``make_inputs(case, world_size)[rank]``."""
+    """This rank's inputs for the case, as the lab's ``make_inputs(case, world_size)[rank]``
+    (drawn on the CPU, as the grader's expected values are)."""
+    device: str = "cpu"
+    """Where this rank's tensors go: a harness moves its inputs and models here
+    (``call.inputs.to(call.device)``). The grade's device, "cpu" while grading runs on CPU."""
     _link: Link | None = None
 
     def mark(self, label: str) -> None:

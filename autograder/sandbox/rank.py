@@ -94,7 +94,7 @@ def main(sock: socket.socket, spec: dict) -> NoReturn:
         index = int(meta["case"])
         try:
             call = Call(rank, world_size, dict(meta["params"]), unpack(meta["inputs"], payload),
-                        link)
+                        device=str(spec.get("device", "cpu")), _link=link)
             out = lab.CALLS[meta["call"]](student, call)
             tree, data = pack(out)
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too

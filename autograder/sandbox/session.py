@@ -7,7 +7,8 @@ sizes are skipped (the same code would fail again), while every other check stil
 launch on fresh processes and a fresh folder. A fork server that dies is replaced (a fresh
 sandbox) for the launches that remain. All of it fits in `Limits.wall_s`; launches that would
 start after it get ``wall_limit``. Whatever happens, every process of the grade is gone when
-this returns (the grader is the child subreaper of the sandbox's orphans).
+this returns (the grader is the child subreaper of the sandbox's orphans while it runs, and
+restores the flag it found when it returns).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .server import ForkServer, ServerLost
 from .watchdog import children_of, reap
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 @dataclass
@@ -43,11 +45,19 @@ class RunResult:
     seconds: float = 0.0
 
 
-def _set_subreaper() -> None:
+def _set_subreaper(on: bool) -> bool:
+    """Make this process the child subreaper of the sandbox's orphans (on) or stop being one;
+    returns whether it was one before. Left on after a grade, every orphaned grandchild of
+    anything the caller starts later (a test's SLURM daemons) would become a zombie of the
+    caller that nobody reaps."""
     try:
-        ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        libc = ctypes.CDLL(None)
+        was = ctypes.c_int(0)
+        libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+        return bool(was.value)
     except (AttributeError, OSError):
-        pass
+        return False
 
 
 def _raise_open_files() -> None:
@@ -86,8 +96,16 @@ def describe(confined: dict, group: PidsGroup | None, uid: int | None,
 
 
 def run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Path) -> RunResult:
-    """Run every launch of `plans` (in order) in the sandbox; see the module docstring."""
-    _set_subreaper()
+    """Run every launch of `plans` (in order) in the sandbox; see the module docstring. The
+    caller is the child subreaper during the call only (the flag it had is restored)."""
+    was_subreaper = _set_subreaper(True)
+    try:
+        return _run_session(job, plans, limits, workdir)
+    finally:
+        _set_subreaper(was_subreaper)
+
+
+def _run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Path) -> RunResult:
     _raise_open_files()
     theirs = frozenset(children_of(os.getpid()))
     uid = sandbox_uid()

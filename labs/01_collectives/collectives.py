@@ -57,7 +57,7 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor) -> torch.Tens
         # Send the chunk the right neighbour adds to next; receive the one we add to next.
         sent, got = (rank - step - 1) % p, (rank - step - 2) % p
         a, b = bounds[got]
-        inbox = torch.empty(b - a, dtype=input.dtype)
+        inbox = input.new_empty(b - a)
         exchange(work[slice(*bounds[sent])], right, inbox, left)
         work[a:b] += inbox
     a, b = bounds[rank]  # after p − 1 additions, our own chunk holds every rank's share
@@ -94,7 +94,7 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     ### BEGIN SOLUTION
     a, b = chunk_bounds(tensor.numel(), p)[rank]
-    mine = torch.empty(b - a, dtype=tensor.dtype)
+    mine = tensor.new_empty(b - a)
     ring_reduce_scatter(mine, tensor)
     ring_all_gather(tensor, mine)
     ### END SOLUTION
@@ -103,9 +103,12 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def tree_broadcast(tensor: torch.Tensor, src: int) -> torch.Tensor:
-    """Copy rank `src`'s `tensor` into every rank's `tensor` (in place) along a binomial tree:
-    in round k every rank that has the data sends it 2^k ranks further, so it takes ⌈log₂ p⌉
-    rounds and no rank sends more than ⌈log₂ p⌉ messages."""
+    """Copy rank `src`'s `tensor` into every rank's `tensor` (in place) along a binomial tree,
+    largest offset first: with ranks numbered v = (rank − src) mod p and D = 2^(⌈log₂ p⌉ − 1),
+    in round k = 1, 2, … every rank that has the data sends it D/2^(k−1) positions further
+    when that position is below p (half the tree's span first, …, 1 last: at p = 8 the root
+    sends to v = 4, then 2, then 1), so it takes ⌈log₂ p⌉ rounds and no rank sends more than
+    ⌈log₂ p⌉ messages."""
     rank, p = dist.get_rank(), dist.get_world_size()
     ### BEGIN SOLUTION
     me = (rank - src) % p  # position in the tree, the root at 0

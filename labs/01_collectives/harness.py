@@ -20,17 +20,20 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.f
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
     """(start, end) of each rank's chunk: the split of `torch.tensor_split` (the first
     numel % p chunks one element longer), which the student file's `chunk_bounds` also makes."""
-    sizes = [len(c) for c in torch.arange(numel).tensor_split(world_size)]
+    # A meta tensor: tensor_split's sizes without allocating anything, on any device.
+    sizes = [len(c) for c in torch.empty(numel, device="meta").tensor_split(world_size)]
     starts = [sum(sizes[:i]) for i in range(world_size)]
     return [(s, s + n) for s, n in zip(starts, sizes)]
 
 
 def make_input(case: dict, rank: int) -> torch.Tensor:
-    """Rank `rank`'s full-size tensor: seeded normal values, different on every rank."""
+    """Rank `rank`'s full-size tensor: seeded normal values, different on every rank, drawn on
+    the CPU (the grader computes expected values from the same draw); a rank moves it to
+    its device (`call.device`)."""
     g = torch.Generator().manual_seed(int(case.get("seed", 0)) * 1009 + rank)
     shape = case.get("shape") or [case["numel"]]
-    dtype = DTYPES[case.get("dtype", "float32")]
-    return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    draw = torch.randn(shape, generator=g, dtype=torch.float64)
+    return draw.to(DTYPES[case.get("dtype", "float32")])
 
 
 def make_inputs(case: dict, world_size: int) -> list[torch.Tensor]:
@@ -39,19 +42,19 @@ def make_inputs(case: dict, world_size: int) -> list[torch.Tensor]:
 
 
 def _all_reduce(student, call):
-    t = call.inputs
+    t = call.inputs.to(call.device)
     student.ring_all_reduce(t)
     return t
 
 
 def _broadcast(student, call):
-    t = call.inputs
+    t = call.inputs.to(call.device)
     student.tree_broadcast(t, call.case.get("src", 0) % call.world_size)
     return t
 
 
 def _reduce_scatter(student, call):
-    x = call.inputs
+    x = call.inputs.to(call.device)
     a, b = chunk_bounds(x.numel(), call.world_size)[call.rank]
     out = torch.full((b - a,), float("nan"), dtype=x.dtype, device=x.device)
     student.ring_reduce_scatter(out, x)
@@ -59,7 +62,7 @@ def _reduce_scatter(student, call):
 
 
 def _all_gather(student, call):
-    full = call.inputs
+    full = call.inputs.to(call.device)
     a, b = chunk_bounds(full.numel(), call.world_size)[call.rank]
     mine = full.reshape(-1)[a:b].clone()
     out = torch.full((full.numel(),), float("nan"), dtype=full.dtype, device=full.device)

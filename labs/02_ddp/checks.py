@@ -193,9 +193,6 @@ def judge_traffic(r: CaseResult) -> Verdict:
     n_buckets, n_params = len(expected_buckets(r.case)), len(params)
     cap = int(r.case.get("cap", DEFAULT_CAP))
     trainable = sum(p.numel() * p.element_size() for p in params)
-    every = sum(p.numel() * p.element_size() for p in model.parameters())
-    tied_twice = trainable + sum(m.weight.numel() * 4 for m in [getattr(model, "c", None)]
-                                 if m is not None and r.case.get("tied"))
     label = _label(r)
     for rank in range(r.world_size):
         for step, s in enumerate(steps(r, rank)):
@@ -217,14 +214,28 @@ def judge_traffic(r: CaseResult) -> Verdict:
                 return Verdict(False, f"{at}: {got} all-reduces; the {n_params} trainable "
                                       f"parameters make {n_buckets} bucket(s).{hint}")
             if nbytes != trainable:
-                hint = ""
-                if nbytes == every and every != trainable:
-                    hint = " That is every parameter's bytes: frozen parameters were sent"
-                elif nbytes == tied_twice != trainable:
-                    hint = " The tied weight was sent twice: module.parameters() lists it once"
                 return Verdict(False, f"{at}: the all-reduces carried {nbytes:,} bytes; the "
-                                      f"trainable parameters hold {trainable:,}.{hint}")
+                                      f"trainable parameters hold {trainable:,}."
+                                      f"{_bytes_hint(model, nbytes)}")
     return Verdict(True)
+
+
+def _bytes_hint(model: torch.nn.Module, nbytes: int) -> str:
+    """The usual mistake that makes all-reduces carry `nbytes` instead of the trainable
+    parameters' bytes, as a sentence ("" when none explains it). Bytes are counted with each
+    tensor's own element size; a tied weight is found as one tensor under several names."""
+    def size(ps) -> int:
+        return sum(p.numel() * p.element_size() for p in ps)
+
+    trainable = size(p for p in model.parameters() if p.requires_grad)
+    every = size(model.parameters())
+    each_use = size(p for _, p in model.named_parameters(remove_duplicate=False)
+                    if p.requires_grad)  # a tied weight once per module that holds it
+    if nbytes == every != trainable:
+        return " That is every parameter's bytes: frozen parameters were sent"
+    if nbytes == each_use != trainable:
+        return " The tied weight was sent twice: module.parameters() lists it once"
+    return ""
 
 
 def judge_order(r: CaseResult) -> Verdict:

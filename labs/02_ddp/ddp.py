@@ -92,7 +92,7 @@ class DDP(nn.Module):
         broadcast_from_rank0(self.module)
         self.buckets = [[self.params[i] for i in idx]
                         for idx in assign_buckets(self.params, self.cap_bytes)]
-        self.flat = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype)
+        self.flat = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device)
                      for b in self.buckets]
         self.where = {}  # id(param) -> (bucket index, first element in its flat buffer)
         for k, bucket in enumerate(self.buckets):
@@ -182,7 +182,7 @@ class DDP(nn.Module):
         ### BEGIN SOLUTION
         for k in range(self.next_bucket, len(self.buckets)):
             for p in self.buckets[k]:
-                if id(p) not in self.packed[k]:  # no gradient this step: zeros (or what no_sync left)
+                if id(p) not in self.packed[k]:  # no gradient this step: zeros (or no_sync's sum)
                     _, start = self.where[id(p)]
                     piece = self.flat[k][start:start + p.numel()]
                     if p.grad is None:

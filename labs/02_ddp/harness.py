@@ -54,7 +54,8 @@ class Toy(nn.Module):
 
 
 def make_model(case: dict, rank: int = 0) -> nn.Module:
-    """The case's model as rank `rank` builds it (seeded by seed + rank: ranks differ)."""
+    """The case's model as rank `rank` builds it (seeded by seed + rank: ranks differ), on the
+    CPU: the grader's reference builds the same one; a rank moves it to its device."""
     seed = 1000 * int(case.get("seed", 0)) + rank
     d_in, d_hid, d_out = DIMS[case.get("model", "toy")]
     if case.get("model") == "mlp":
@@ -79,10 +80,10 @@ def make_data(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, d_in, generator=g), torch.randn(BATCH, d_out, generator=g)
 
 
-def micro_batches(case: dict, rank: int,
-                  world_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Rank's 1/p of the batch, cut into ``accumulate`` equal micro-batches."""
-    x, y = make_data(case)
+def micro_batches(case: dict, rank: int, world_size: int,
+                  on: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Rank's 1/p of the batch, cut into ``accumulate`` equal micro-batches, on device `on`."""
+    x, y = (t.to(on) for t in make_data(case))
     n, k = BATCH // world_size, int(case.get("accumulate", 1))
     mine = slice(rank * n, (rank + 1) * n)
     return list(zip(x[mine].chunk(k), y[mine].chunk(k)))
@@ -125,12 +126,13 @@ def _step(ddp, call, step: int, batches: list) -> None:
 
 
 def _train(student, call):
-    model = make_model(call.case, call.rank)  # the architecture; the weights come next
+    # The architecture, on this rank's device; the weights come next (copied onto it).
+    model = make_model(call.case, call.rank).to(call.device)
     model.load_state_dict(call.inputs["state"])
     kwargs = {"bucket_cap_mb": call.case["cap"] / 2**20} if "cap" in call.case else {}
     ddp = student.DDP(model, **kwargs)
     after_init = _state(model)
-    batches = [tuple(b) for b in call.inputs["batches"]]
+    batches = [tuple(t.to(call.device) for t in b) for b in call.inputs["batches"]]
     params = [p for p in model.parameters() if p.requires_grad]
     for step in range(int(call.case.get("steps", 3))):
         for p in params:
@@ -146,7 +148,7 @@ def _train(student, call):
 def _buckets(student, call):
     out = []
     for sizes in call.case["sizes"]:
-        tensors = [torch.zeros(n) for n in sizes]
+        tensors = [torch.zeros(n, device=call.device) for n in sizes]
         for cap in call.case["caps"]:
             got = student.assign_buckets(tensors, cap)
             out.append({"sizes": sizes, "cap": cap,

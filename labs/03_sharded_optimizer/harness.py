@@ -101,8 +101,10 @@ def make_data(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, dims[0], generator=g), torch.randn(BATCH, dims[-1], generator=g)
 
 
-def local_batch(case: dict, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = make_data(case)
+def local_batch(case: dict, rank: int, world_size: int,
+                on: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank's slice of the batch (drawn on the CPU, as the grader's reference), on device `on`."""
+    x, y = (t.to(on) for t in make_data(case))
     n = BATCH // world_size
     return x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
 
@@ -117,8 +119,8 @@ def make_inputs(case: dict, world_size: int) -> list:
 
 
 def _model(call) -> nn.Sequential:
-    """The case's model with the weights the grader sent."""
-    model = make_model(call.case)
+    """The case's model on this rank's device, with the weights the grader sent."""
+    model = make_model(call.case).to(call.device)
     model.load_state_dict(call.inputs["state"])
     return model
 
@@ -142,7 +144,8 @@ def _bounds(student, call):
     for n in call.case["sizes"]:
         for p in (1, 2, 3, 4):
             rows = [[int(v) for v in student.shard_bounds(n, p, r)] for r in range(p)]
-            flat = student.flatten_padded([torch.arange(n, dtype=torch.float32)], p)
+            flat = student.flatten_padded([torch.arange(n, dtype=torch.float32,
+                                                        device=call.device)], p)
             out.append({"numel": n, "world_size": p, "bounds": rows, "flat": flat})
     return out
 
@@ -151,7 +154,7 @@ def _zero(student, call):
     model = _model(call)
     optimizer_class, _, options = OPTIMIZERS[call.case.get("optimizer", "sgd")]
     opt = student.ShardedOptimizer(model.parameters(), optimizer_class, **options)
-    x, y = call.inputs["batch"]
+    x, y = (t.to(call.device) for t in call.inputs["batch"])
     for _ in range(call.case.get("steps", 3)):
         opt.zero_grad()
         F.mse_loss(model(x), y).backward()
@@ -196,7 +199,7 @@ def _fsdp(student, call):
     init_shards = [u.shard.detach().clone() for u in units]
     init = [m.weight.detach() for m in _model(call) if isinstance(m, nn.Linear)]
     opt = SGD([u.shard for u in units], **OPTIMIZERS["plain_sgd"][2])
-    x, y = call.inputs["batch"]
+    x, y = (t.to(call.device) for t in call.inputs["batch"])
     held = None
     for step in range(call.case.get("steps", 2)):
         opt.zero_grad()
@@ -214,7 +217,7 @@ def _fsdp_state(student, call):
     model = _fsdp_model(student, call)
     units = [m for m in model if hasattr(m, "shard")]
     opt = SGD([u.shard for u in units], **OPTIMIZERS["plain_sgd"][2])
-    x, y = call.inputs["batch"]
+    x, y = (t.to(call.device) for t in call.inputs["batch"])
     opt.zero_grad()
     F.mse_loss(model(x), y).backward()
     opt.step()

@@ -46,7 +46,8 @@ def flatten_padded(tensors: Iterable[Tensor], world_size: int) -> Tensor:
     parts = [t.reshape(-1) for t in tensors]
     numel = sum(t.numel() for t in parts)
     out = torch.zeros(world_size * -(-numel // world_size),
-                      dtype=parts[0].dtype if parts else torch.float32)
+                      dtype=parts[0].dtype if parts else torch.float32,
+                      device=parts[0].device if parts else None)
     if parts:
         out[:numel] = torch.cat(parts)
     return out
@@ -94,7 +95,7 @@ class ShardedOptimizer:
         p = self.world_size
         grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in self.params]
         flat_grad = flatten_padded(grads, p)
-        mine = torch.empty(flat_grad.numel() // p, dtype=flat_grad.dtype)
+        mine = flat_grad.new_empty(flat_grad.numel() // p)
         dist.reduce_scatter_tensor(mine, flat_grad)  # the sum of my slice over the ranks
         self.shard.grad = mine / p                    # the mean: every rank had 1/p of the batch
         self.optimizer.step()
@@ -135,7 +136,7 @@ class FSDPLinear(nn.Module):
         """All-gather every rank's shard into ``self.full`` and return (weight, bias) as views
         of it, shaped (out_features, in_features) and (out_features,)."""
         ### BEGIN SOLUTION
-        self.full = torch.empty(self.world_size * self.shard.numel(), dtype=self.shard.dtype)
+        self.full = self.shard.new_empty(self.world_size * self.shard.numel())
         dist.all_gather_into_tensor(self.full, self.shard.detach())
         n_weight = self.out_features * self.in_features
         weight = self.full[:n_weight].view(self.out_features, self.in_features)
@@ -155,7 +156,7 @@ class FSDPLinear(nn.Module):
         """This rank's shard of the *mean* over ranks of the flat (weight, bias) gradient."""
         ### BEGIN SOLUTION
         flat = flatten_padded([weight_grad, bias_grad], self.world_size)
-        mine = torch.empty(self.shard.numel(), dtype=flat.dtype)
+        mine = flat.new_empty(self.shard.numel())
         dist.reduce_scatter_tensor(mine, flat)
         return mine / self.world_size
         ### END SOLUTION

@@ -75,6 +75,12 @@ def make_inputs(case: dict, world_size: int) -> list[dict]:
     return [one] * world_size
 
 
+def _mine(call) -> dict:
+    """This rank's inputs (drawn on the CPU by the grader, who computes the expected values
+    from the same draw), on the rank's device."""
+    return {k: v.to(call.device) for k, v in call.inputs.items()}
+
+
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
     out_f, in_f = weight.shape
     with torch.device("meta"):
@@ -135,14 +141,14 @@ def _shaped(layer, kind: str, out_f: int, in_f: int, p: int, bias: bool) -> bool
 
 def _shards(student, call):
     """Only `from_dense` (no forward, no communication): this rank's weight and bias."""
-    i = call.inputs
+    i = _mine(call)
     cls = {"column": student.ColumnParallelLinear,
            "row": student.RowParallelLinear}[call.case["kind"]]
     return _params("", cls.from_dense(_linear(i["weight"], i.get("bias"))))
 
 
 def _column(student, call):
-    i, case, rank, world_size = call.inputs, call.case, call.rank, call.world_size
+    i, case, rank, world_size = _mine(call), call.case, call.rank, call.world_size
     layer = student.ColumnParallelLinear.from_dense(_linear(i["weight"], i.get("bias")))
     if not _shaped(layer, "column", case["d"], case["h"], world_size, "bias" in i):
         return _params("", layer)
@@ -153,7 +159,7 @@ def _column(student, call):
 
 
 def _row(student, call):
-    i, case, rank, world_size = call.inputs, call.case, call.rank, call.world_size
+    i, case, rank, world_size = _mine(call), call.case, call.rank, call.world_size
     layer = student.RowParallelLinear.from_dense(_linear(i["weight"], i.get("bias")))
     if not _shaped(layer, "row", case["d"], case["h"], world_size, "bias" in i):
         return _params("", layer)
@@ -162,7 +168,7 @@ def _row(student, call):
 
 
 def _mlp(student, call):
-    i, case, world_size = call.inputs, call.case, call.world_size
+    i, case, world_size = _mine(call), call.case, call.world_size
     dense = DenseMLP(case["h"], case["d"], "up.bias" in i)
     dense.up_proj = _linear(i["up.weight"], i.get("up.bias"))
     dense.down_proj = _linear(i["down.weight"], i.get("down.bias"))
@@ -193,7 +199,7 @@ def _held(module: nn.Module) -> int:
 
 
 def _fg(student, call):
-    i = call.inputs
+    i = _mine(call)
     f = _run(call, "f", student.copy_to_tp, i["x_f"], i["gy_f"])
     g = _run(call, "g", student.reduce_from_tp, i["x_g"].clone(), i["gy_g"])
     return {"f": f, "g": g}

@@ -9,14 +9,18 @@ collective             algorithms                                  module
 =====================  ==========================================  ============================
 broadcast              ``linear_broadcast``, ``tree_broadcast``     `rooted`
 reduce                 ``linear_reduce``, ``tree_reduce``           `rooted`
-all-reduce             ``ps_all_reduce``, ``sharded_ps_all_reduce``,  `all_reduce`, `ring`
-                       ``tree_all_reduce``, ``ring_all_reduce``
-reduce-scatter         ``ring_reduce_scatter``                     `ring`
-all-gather             ``ring_all_gather``                         `ring`
+all-reduce             ``ps_all_reduce``, ``sharded_ps_all_reduce``,  `all_reduce`, `ring`,
+                       ``tree_all_reduce``, ``ring_all_reduce``,      `sliced_ring`
+                       ``sliced_ring_all_reduce``
+reduce-scatter         ``ring_reduce_scatter``,                    `ring`, `sliced_ring`
+                       ``sliced_ring_reduce_scatter``
+all-gather             ``ring_all_gather``, ``sliced_ring_all_gather``  `ring`, `sliced_ring`
 scatter, gather        ``scatter``, ``gather`` (linear)            `rooted`
 =====================  ==========================================  ============================
 
-``broadcast``, ``reduce`` and ``all_reduce`` take ``algorithm=`` to pick one by name.
+``broadcast``, ``reduce`` and ``all_reduce`` take ``algorithm=`` to pick one by name. The simple
+ring (``"ring"``) teaches and is the reference; the sliced ring (``"sliced_ring"``) is the same ring
+run as a pipeline of slices, as NCCL and gloo do, and is the fast one.
 
 Conventions, the same as `torch.distributed` so results can be compared one to one:
 
@@ -41,11 +45,15 @@ from typing import Any, Callable
 
 import torch
 
-from ._common import REDUCE_OPS, GroupView, chunk_bounds, chunk_sizes
+from ..chunks import chunk_bounds, chunk_sizes  # re-exported: the split every layer shares
+from ._common import REDUCE_OPS, GroupView
 from .all_reduce import ps_all_reduce, sharded_ps_all_reduce, tree_all_reduce
 from .ring import (
     all_gather_chunks, reduce_scatter_chunks, ring_all_gather, ring_all_reduce,
     ring_reduce_scatter,
+)
+from .sliced_ring import (
+    ring_slices, sliced_ring_all_gather, sliced_ring_all_reduce, sliced_ring_reduce_scatter,
 )
 from .rooted import (
     gather, linear_broadcast, linear_reduce, scatter, tree_broadcast, tree_reduce,
@@ -55,9 +63,10 @@ ALGORITHMS: dict[str, dict[str, Callable[..., torch.Tensor]]] = {
     "broadcast": {"linear": linear_broadcast, "tree": tree_broadcast},
     "reduce": {"linear": linear_reduce, "tree": tree_reduce},
     "all_reduce": {"ps": ps_all_reduce, "sharded_ps": sharded_ps_all_reduce,
-                   "tree": tree_all_reduce, "ring": ring_all_reduce},
-    "reduce_scatter": {"ring": ring_reduce_scatter},
-    "all_gather": {"ring": ring_all_gather},
+                   "tree": tree_all_reduce, "ring": ring_all_reduce,
+                   "sliced_ring": sliced_ring_all_reduce},
+    "reduce_scatter": {"ring": ring_reduce_scatter, "sliced_ring": sliced_ring_reduce_scatter},
+    "all_gather": {"ring": ring_all_gather, "sliced_ring": sliced_ring_all_gather},
 }
 """Every algorithm by collective and short name, e.g. ``ALGORITHMS["all_reduce"]["ring"]``."""
 
@@ -86,7 +95,7 @@ def reduce(tensor: torch.Tensor, dst: int, group: Any = None, *, op: Any = "sum"
 
 def all_reduce(tensor: torch.Tensor, group: Any = None, *, op: Any = "sum",
                algorithm: str = "ring", check: bool = True) -> torch.Tensor:
-    """All-reduce `tensor` in place (``algorithm``: ps | sharded_ps | tree | ring)."""
+    """All-reduce `tensor` in place (``algorithm``: ps | sharded_ps | tree | ring | sliced_ring)."""
     return get_algorithm("all_reduce", algorithm)(tensor, group, op=op, check=check)
 
 
@@ -94,6 +103,7 @@ __all__ = [
     "ALGORITHMS", "REDUCE_OPS", "GroupView", "get_algorithm", "all_gather_chunks", "all_reduce",
     "broadcast", "chunk_bounds", "chunk_sizes", "gather", "linear_broadcast", "linear_reduce",
     "ps_all_reduce", "reduce", "reduce_scatter_chunks", "ring_all_gather", "ring_all_reduce",
-    "ring_reduce_scatter", "scatter", "sharded_ps_all_reduce", "tree_all_reduce",
-    "tree_broadcast", "tree_reduce",
+    "ring_reduce_scatter", "ring_slices", "scatter", "sharded_ps_all_reduce",
+    "sliced_ring_all_gather", "sliced_ring_all_reduce", "sliced_ring_reduce_scatter",
+    "tree_all_reduce", "tree_broadcast", "tree_reduce",
 ]

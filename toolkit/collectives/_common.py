@@ -1,5 +1,5 @@
-"""What every collective here shares: the group seen from this rank, reduce ops, chunking,
-input checks, and the one point-to-point step they are all built from.
+"""What every collective here shares: the group seen from this rank, reduce ops, input checks,
+and the one point-to-point step they are all built from (chunking: `toolkit.chunks`).
 
 Every byte the algorithms move goes through `dist.isend` / `dist.irecv`, looked up at call time so
 that `toolkit.comm` records each message. The only other traffic is the optional agreement check
@@ -15,6 +15,11 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from ..arguments import is_int
+
+# The tensor_split rule lives in toolkit.chunks (no dependencies); ring.py and all_reduce.py
+# take it from here.
+from ..chunks import chunk_bounds, chunk_sizes  # noqa: F401
 from ..comm import patch
 
 ReduceOpLike = Any  # "sum" | "avg" | "product" | "max" | "min" | torch.distributed.ReduceOp
@@ -44,7 +49,7 @@ class GroupView:
 
     def group_rank(self, global_rank: int, *, name: str, arg: str) -> int:
         """Rank within the group of a global rank given as `arg`; a clear error if outside."""
-        if not isinstance(global_rank, int) or isinstance(global_rank, bool):
+        if not is_int(global_rank):
             raise TypeError(f"{name}({arg}=...) must be an int (a global rank), "
                             f"got {type(global_rank).__name__}")
         if global_rank not in self.ranks:
@@ -95,31 +100,6 @@ def finish_avg(op: str, t: torch.Tensor, size: int) -> None:
         t.div_(size)
 
 
-# -- chunking ------------------------------------------------------------------------------------
-
-def chunk_sizes(numel: int, parts: int) -> list[int]:
-    """Sizes of `parts` nearly equal chunks of `numel` elements, larger ones first.
-
-    The same split as ``torch.tensor_split``: with n = q·parts + r the first r chunks hold q + 1
-    elements. Every rank computes the same split from (numel, parts) alone.
-    """
-    if parts < 1:
-        raise ValueError(f"chunk_sizes(parts={parts}) must be >= 1")
-    if numel < 0:
-        raise ValueError(f"chunk_sizes(numel={numel}) must be >= 0")
-    q, r = divmod(numel, parts)
-    return [q + 1 if i < r else q for i in range(parts)]
-
-
-def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
-    """(start, stop) element offsets of each chunk of `chunk_sizes`."""
-    bounds, start = [], 0
-    for size in chunk_sizes(numel, parts):
-        bounds.append((start, start + size))
-        start += size
-    return bounds
-
-
 # -- input checks --------------------------------------------------------------------------------
 
 def check_tensor(t: Any, name: str, arg: str, op: str | None = None) -> None:
@@ -150,18 +130,20 @@ def _dtype_code(dtype: torch.dtype) -> int:
     return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
 
 
-def agree(g: GroupView, name: str, *, numel: int, dtype: torch.dtype, op: str = "",
-          root: int = -1) -> None:
+def agree(g: GroupView, name: str, *, numel: int, dtype: torch.dtype, device: torch.device,
+          op: str = "", root: int = -1) -> None:
     """Check that this rank and its left neighbour called `name` with the same arguments.
 
     A ring of 48-byte headers (numel, dtype, op, root): if any two ranks differ, some pair of
     neighbours differs and that rank raises, naming both sides, before any payload is sent.
-    Uses the unrecorded send/recv (see the module docstring).
+    Uses the unrecorded send/recv (see the module docstring). The header lives on the payload's
+    `device`: NCCL moves CUDA tensors only.
     """
     if g.size == 1:
         return
     ops = ("",) + REDUCE_OPS
-    mine = torch.tensor([numel, _dtype_code(dtype), ops.index(op), root, 0, 0], dtype=torch.int64)
+    mine = torch.tensor([numel, _dtype_code(dtype), ops.index(op), root, 0, 0], dtype=torch.int64,
+                        device=device)
     theirs = torch.empty_like(mine)
     left, right = (g.rank - 1) % g.size, (g.rank + 1) % g.size
     works = [patch.original("isend")(mine, g.peer(right), group=g.handle),
@@ -172,7 +154,7 @@ def agree(g: GroupView, name: str, *, numel: int, dtype: torch.dtype, op: str = 
         return
 
     def describe(h: torch.Tensor) -> str:
-        n, code, o, r = (int(x) for x in h[:4])
+        n, code, o, r = h[:4].tolist()  # one copy to the host, not four
         dt = str(_DTYPES[code]).removeprefix("torch.") if code < len(_DTYPES) else "another dtype"
         text = f"{n} {dt} elements"
         if o:

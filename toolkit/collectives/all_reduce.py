@@ -6,7 +6,11 @@ The three designs a reader meets before the ring, each in its α-β cost (p rank
   back. The root's link carries (p−1)·n bytes each way: ≈ 2(p−1)(α + nβ), growing with p.
 * sharded parameter server: each rank is the server for 1/p of the elements. Every rank sends
   each other rank that rank's slice, and sends its reduced slice back to all: 2(p−1)/p · n bytes
-  per rank, like the ring, but p−1 messages arrive at each rank at once (fan-in).
+  per rank in 2(p−1) messages, like the ring, but each message goes straight to its owner.
+  Each phase runs in p−1 steps (step j: send to rank r+j, receive from r−j), one message each
+  way per step, so the α-β model's 2(p−1) rounds are what the code does. (Posting all p−1 at
+  once would let their latencies overlap where a rank has many ports, as loopback does, and
+  is not what the one-port α-β model counts: Thakur, Rabenseifner & Gropp 2005, §2.)
 * tree: binomial-tree reduce to the root then binomial-tree broadcast: 2⌈log₂p⌉(α + nβ), few
   rounds but the whole tensor on every hop.
 
@@ -16,11 +20,10 @@ The three designs a reader meets before the ring, each in its α-β cost (p rank
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ._common import (
-    ReduceOpLike, agree, check_tensor, chunk_sizes, combine, finish_avg, flat_view, recv,
-    reduce_op, send, view,
+    ReduceOpLike, agree, check_tensor, chunk_sizes, combine, exchange, finish_avg, flat_view,
+    recv, reduce_op, send, view,
 )
 from .rooted import tree_broadcast, tree_reduce
 
@@ -37,7 +40,8 @@ def ps_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike = "sum",
     if g.rank < 0 or g.size == 1:
         return tensor
     if check:
-        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, op=op, root=server)
+        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, device=tensor.device, op=op,
+              root=server)
     flat, copied = flat_view(tensor)
     if g.rank == server:
         add, scratch = combine(op), torch.empty_like(flat)
@@ -60,8 +64,9 @@ def sharded_ps_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike 
                           check: bool = True) -> torch.Tensor:
     """All-reduce in place with every rank serving one chunk (`chunk_sizes` split).
 
-    Push: rank r sends chunk j to rank j for every j ≠ r and receives p−1 copies of chunk r,
-    all posted at once. Reduce chunk r. Pull: send chunk r to everyone, receive every other.
+    Push, p−1 steps: at step j rank r sends chunk r+j to its server r+j and receives a copy of
+    chunk r from rank r−j. Reduce chunk r. Pull, p−1 steps: send chunk r to rank r+j, receive
+    chunk r−j from its server. One message each way per step: 2(p−1) rounds.
     """
     name = "sharded_ps_all_reduce"
     op = reduce_op(op, name)
@@ -70,26 +75,23 @@ def sharded_ps_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike 
     if g.rank < 0 or g.size == 1:
         return tensor
     if check:
-        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, op=op)
+        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, device=tensor.device, op=op)
     flat, copied = flat_view(tensor)
     chunks = list(flat.split(chunk_sizes(flat.numel(), g.size)))
     mine = chunks[g.rank]
     others = [j for j in range(g.size) if j != g.rank]
 
     inbox = {j: torch.empty_like(mine) for j in others}
-    works = [dist.isend(chunks[j], g.peer(j), group=g.handle) for j in others]
-    works += [dist.irecv(inbox[j], g.peer(j), group=g.handle) for j in others]
-    for w in works:
-        w.wait()
+    for step in range(1, g.size):  # push: one message each way per step
+        dst, src = (g.rank + step) % g.size, (g.rank - step) % g.size
+        exchange(g, send=chunks[dst], dst=dst, recv=inbox[src], src=src)
     add = combine(op)
     for j in others:  # in rank order, so every rank's float sum is reproducible
         add(mine, inbox[j])
     finish_avg(op, mine, g.size)
-
-    works = [dist.isend(mine, g.peer(j), group=g.handle) for j in others]
-    works += [dist.irecv(chunks[j], g.peer(j), group=g.handle) for j in others]
-    for w in works:
-        w.wait()
+    for step in range(1, g.size):  # pull: the reduced chunk to everyone, theirs from each
+        dst, src = (g.rank + step) % g.size, (g.rank - step) % g.size
+        exchange(g, send=mine, dst=dst, recv=chunks[src], src=src)
     if copied:
         tensor.copy_(flat.view_as(tensor))
     return tensor
@@ -106,7 +108,7 @@ def tree_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike = "sum
     if g.rank < 0 or g.size == 1:
         return tensor
     if check:
-        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, op=op)
+        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, device=tensor.device, op=op)
     tree_reduce(tensor, g.peer(0), group, op=op, check=False)
     tree_broadcast(tensor, g.peer(0), group, check=False)
     return tensor

@@ -16,6 +16,8 @@ layout as `torch.distributed.reduce_scatter_tensor` / `all_gather_into_tensor` w
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ._common import (
@@ -54,37 +56,30 @@ def all_gather_chunks(g: GroupView, chunks: list[torch.Tensor]) -> None:
         exchange(g, send=chunks[out_c], dst=r + 1, recv=chunks[in_c], src=r - 1)
 
 
-def ring_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike = "sum",
-                    check: bool = True) -> torch.Tensor:
-    """All-reduce `tensor` in place by ring reduce-scatter then ring all-gather; returns it.
-
-    Each rank sends 2(p−1) messages of about n/p elements (see the module docstring).
-    """
-    name = "ring_all_reduce"
+def drive_all_reduce(name: str, tensor: torch.Tensor, group, op: ReduceOpLike, check: bool,
+                     run: Callable[[GroupView, list[torch.Tensor], str], None]) -> torch.Tensor:
+    """What every ring all-reduce shares: validate, agree, cut into chunks, `run` the steps on
+    the chunks (views of the flattened tensor) in place, write back a non-contiguous tensor."""
     op = reduce_op(op, name)
     check_tensor(tensor, name, "tensor", op)
     g = view(group, name)
     if g.rank < 0 or g.size == 1:
         return tensor
     if check:
-        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, op=op)
+        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, device=tensor.device, op=op)
     flat, copied = flat_view(tensor)
-    chunks = list(flat.split(chunk_sizes(flat.numel(), g.size)))
-    reduce_scatter_chunks(g, chunks, op)
-    all_gather_chunks(g, chunks)
+    run(g, list(flat.split(chunk_sizes(flat.numel(), g.size))), op)
     if copied:
         tensor.copy_(flat.view_as(tensor))
     return tensor
 
 
-def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, *,
-                        op: ReduceOpLike = "sum", check: bool = True) -> torch.Tensor:
-    """`output` on rank r ← chunk r of the element-wise reduction of every rank's `input`.
-
-    `input` (any shape, read as flat) is left unchanged; `output` must hold
-    ``chunk_sizes(input.numel(), p)[r]`` elements. p−1 messages of about n/p per rank.
-    """
-    name = "ring_reduce_scatter"
+def drive_reduce_scatter(name: str, output: torch.Tensor, input: torch.Tensor, group,
+                         op: ReduceOpLike, check: bool,
+                         run: Callable[[GroupView, list[torch.Tensor], str], None]
+                         ) -> torch.Tensor:
+    """Validate, agree, `run` the reduce-scatter steps on chunks of a copy of `input`, copy
+    this rank's chunk into `output`."""
     op = reduce_op(op, name)
     check_tensor(input, name, "input", op)
     check_tensor(output, name, "output")
@@ -98,22 +93,18 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, *
             f"group needs {sizes[g.rank]} {input.dtype} (its chunk of the {input.numel()}-element "
             f"input split {g.size} ways: {sizes})")
     if check:
-        agree(g, name, numel=input.numel(), dtype=input.dtype, op=op)
+        agree(g, name, numel=input.numel(), dtype=input.dtype, device=input.device, op=op)
     work = input.reshape(-1).clone()
     chunks = list(work.split(sizes))
-    reduce_scatter_chunks(g, chunks, op)
+    run(g, chunks, op)
     output.copy_(chunks[g.rank].view_as(output))
     return output
 
 
-def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group=None, *,
-                    check: bool = True) -> torch.Tensor:
-    """`output` (flat layout) ← every rank's `input`, rank r's at chunk r; returns `output`.
-
-    `input` on rank r must hold ``chunk_sizes(output.numel(), p)[r]`` elements. p−1 messages
-    per rank.
-    """
-    name = "ring_all_gather"
+def drive_all_gather(name: str, output: torch.Tensor, input: torch.Tensor, group, check: bool,
+                     run: Callable[[GroupView, list[torch.Tensor]], None]) -> torch.Tensor:
+    """Validate, agree, put `input` at this rank's chunk of `output`, `run` the all-gather steps
+    on the chunks in place."""
     check_tensor(input, name, "input")
     check_tensor(output, name, "output")
     g = view(group, name)
@@ -126,11 +117,46 @@ def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group=None, *,
             f"group must contribute {sizes[g.rank]} {output.dtype} (its chunk of the "
             f"{output.numel()}-element output split {g.size} ways: {sizes})")
     if check:
-        agree(g, name, numel=output.numel(), dtype=output.dtype)
+        agree(g, name, numel=output.numel(), dtype=output.dtype, device=output.device)
     flat, copied = flat_view(output)
     chunks = list(flat.split(sizes))
     chunks[g.rank].copy_(input.reshape(-1))
-    all_gather_chunks(g, chunks)
+    run(g, chunks)
     if copied:
         output.copy_(flat.view_as(output))
     return output
+
+
+def _both(g: GroupView, chunks: list[torch.Tensor], op: str) -> None:
+    reduce_scatter_chunks(g, chunks, op)
+    all_gather_chunks(g, chunks)
+
+
+def ring_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike = "sum",
+                    check: bool = True) -> torch.Tensor:
+    """All-reduce `tensor` in place by ring reduce-scatter then ring all-gather; returns it.
+
+    Each rank sends 2(p−1) messages of about n/p elements (see the module docstring).
+    """
+    return drive_all_reduce("ring_all_reduce", tensor, group, op, check, _both)
+
+
+def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, *,
+                        op: ReduceOpLike = "sum", check: bool = True) -> torch.Tensor:
+    """`output` on rank r ← chunk r of the element-wise reduction of every rank's `input`.
+
+    `input` (any shape, read as flat) is left unchanged; `output` must hold
+    ``chunk_sizes(input.numel(), p)[r]`` elements. p−1 messages of about n/p per rank.
+    """
+    return drive_reduce_scatter("ring_reduce_scatter", output, input, group, op, check,
+                                reduce_scatter_chunks)
+
+
+def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group=None, *,
+                    check: bool = True) -> torch.Tensor:
+    """`output` (flat layout) ← every rank's `input`, rank r's at chunk r; returns `output`.
+
+    `input` on rank r must hold ``chunk_sizes(output.numel(), p)[r]`` elements. p−1 messages
+    per rank.
+    """
+    return drive_all_gather("ring_all_gather", output, input, group, check, all_gather_chunks)

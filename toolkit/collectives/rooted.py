@@ -3,16 +3,7 @@
 Roots (`src`, `dst`) are *global* ranks, as in `torch.distributed`, also for a subgroup.
 Cost of each (Thakur, Rabenseifner & Gropp 2005), p ranks, n bytes, α per message, β per byte:
 
-==================  ======================  ==========================================
-algorithm           time                    why
-==================  ======================  ==========================================
-linear broadcast    (p−1)(α + nβ)           the root sends the whole tensor p−1 times, one after another
-tree broadcast      ⌈log₂p⌉(α + nβ)         every rank that has the data sends it on: the set doubles each round
-linear reduce       (p−1)(α + nβ)           the root receives p−1 tensors one after another
-tree reduce         ⌈log₂p⌉(α + nβ)         the tree broadcast run backwards, adding on the way
-scatter, gather     (p−1)α + (p−1)/p·nβ     the root sends (receives) one n/p piece per rank
-==================  ======================  ==========================================
-
+==================  ======================  =======================================
 The "linear" algorithms wait for each message before starting the next: one link at the root,
 used one message at a time, which is what the model above assumes.
 """
@@ -69,7 +60,7 @@ def _broadcast(tensor, src, group, check, name, *, tree):
     if g.rank < 0 or g.size == 1:
         return tensor
     if check:
-        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, root=root)
+        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, device=tensor.device, root=root)
     flat, copied = flat_view(tensor)
     vrank = (g.rank - root) % g.size
     real = lambda v: (v + root) % g.size  # noqa: E731  virtual rank -> group rank
@@ -113,7 +104,8 @@ def _reduce(tensor, dst, group, op, check, name, *, tree):
     if g.rank < 0:
         return tensor
     if check:
-        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, op=op, root=root)
+        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, device=tensor.device, op=op,
+              root=root)
     vrank = (g.rank - root) % g.size
     real = lambda v: (v + root) % g.size  # noqa: E731
     if tree:
@@ -159,7 +151,7 @@ def scatter(tensor: torch.Tensor, scatter_list: Sequence[torch.Tensor] | None = 
         raise ValueError(f"scatter: scatter_list is given on rank {g.peer(g.rank)}, which is not "
                          f"the source ({src}); pass it on the source only")
     if check:
-        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, root=root)
+        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, device=tensor.device, root=root)
     if g.rank == root:
         for i in range(g.size):
             if i == root:
@@ -189,7 +181,7 @@ def gather(tensor: torch.Tensor, gather_list: Sequence[torch.Tensor] | None = No
         raise ValueError(f"gather: gather_list is given on rank {g.peer(g.rank)}, which is not "
                          f"the destination ({dst}); pass it on the destination only")
     if check:
-        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, root=root)
+        agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, device=tensor.device, root=root)
     if g.rank == root:
         for i in range(g.size):
             if i == root:

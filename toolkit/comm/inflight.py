@@ -50,7 +50,8 @@ class InflightOp:
         detail = f"{self.nbytes:,} bytes" + (f", {self.dtype}" if self.dtype else "")
         if self.active:
             return f"in {what} ({detail}) for {now - self.start:.1f} s"
-        return f"not in a communication call; its last one, {what} ({detail}), ended {now - self.end:.1f} s ago"
+        return (f"not in a communication call; its last one, {what} ({detail}), ended "
+                f"{now - self.end:.1f} s ago")
 
 
 class InflightBoard:

@@ -44,16 +44,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..collectives import chunk_sizes  # the torch.tensor_split rule, shared with every split
+from ..arguments import check_int
+from ..chunks import chunk_sizes  # the torch.tensor_split rule, shared with every split
 
 __all__ = ["RingAttention", "full_attention", "ring_attention", "sequence_sizes", "shard_sequence"]
 
 
 def sequence_sizes(seq_len: int, p: int) -> list[int]:
     """Positions each of p ranks holds: ``torch.tensor_split``'s rule, larger shards first."""
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < p:
-        raise ValueError(f"seq_len={seq_len!r} must be an int >= the number of context-parallel "
-                         f"ranks p={p}: every rank needs at least one position")
+    check_int("sequence_sizes", "seq_len", seq_len, low=p,
+              hint=f"at least one position for each of the p={p} context-parallel ranks")
     return chunk_sizes(seq_len, p)
 
 
@@ -68,7 +68,8 @@ def full_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True) -> T
     att = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (b, nh, s, s)
     if causal:
         s_q, s_k = q.shape[-2], k.shape[-2]
-        att = att.masked_fill(torch.ones(s_q, s_k, dtype=torch.bool).triu(1), float("-inf"))
+        future = torch.ones(s_q, s_k, dtype=torch.bool, device=att.device).triu(1)
+        att = att.masked_fill(future, float("-inf"))
     return att.softmax(dim=-1) @ v
 
 
@@ -100,12 +101,13 @@ def _local_sizes(owner: str, s_local: int, seq_len: int | None, rank: int, p: in
     return sizes
 
 
-def _causal_mask(q_start: int, s_q: int, k_start: int, s_k: int) -> Tensor | None:
+def _causal_mask(q_start: int, s_q: int, k_start: int, s_k: int, *,
+                 device: torch.device) -> Tensor | None:
     """True where key position > query position; None when nothing in the block is masked."""
     if k_start + s_k - 1 <= q_start:
         return None
-    qpos = torch.arange(q_start, q_start + s_q)[:, None]
-    kpos = torch.arange(k_start, k_start + s_k)[None, :]
+    qpos = torch.arange(q_start, q_start + s_q, device=device)[:, None]
+    kpos = torch.arange(k_start, k_start + s_k, device=device)[None, :]
     return kpos > qpos  # (s_q, s_k)
 
 
@@ -145,9 +147,9 @@ class RingAttention(torch.autograd.Function):
         dtype, scale = q.dtype, 1.0 / math.sqrt(q.shape[-1])
         qf = q.float()
         b, nh, s_r, d = q.shape
-        out = torch.zeros(b, nh, s_r, d)
-        m = torch.full((b, nh, s_r), float("-inf"))  # running row max
-        ell = torch.zeros(b, nh, s_r)  # running row sum of e^(S - m)
+        out = torch.zeros(b, nh, s_r, d, device=q.device)
+        m = torch.full((b, nh, s_r), float("-inf"), device=q.device)  # running row max
+        ell = torch.zeros(b, nh, s_r, device=q.device)  # running row sum of e^(S - m)
         kv = torch.stack([k.float(), v.float()]).contiguous()  # (2, b, nh, s_j, d): one message
         for t in range(p):
             j = (rank - t) % p  # the block held at step t
@@ -157,7 +159,8 @@ class RingAttention(torch.autograd.Function):
                 works = ring.shift(kv, nxt)
             if not (causal and j > rank):  # j > rank: every key is in the future, skip
                 s = (qf @ kv[0].transpose(-2, -1)) * scale  # (b, nh, s_r, s_j)
-                mask = _causal_mask(starts[rank], s_r, starts[j], sizes[j]) if causal else None
+                mask = (_causal_mask(starts[rank], s_r, starts[j], sizes[j], device=q.device)
+                        if causal else None)
                 if mask is not None:
                     s = s.masked_fill(mask, float("-inf"))
                 # Step 0 is the diagonal block, where every query sees itself: m is finite
@@ -186,7 +189,7 @@ class RingAttention(torch.autograd.Function):
         b, nh, s_r, d = q.shape
         qf, do = q.float(), grad_out.float()
         delta = (do * out).sum(dim=-1)  # D = rowsum(dO ∘ O), (b, nh, s_r)
-        dq = torch.zeros(b, nh, s_r, d)
+        dq = torch.zeros(b, nh, s_r, d, device=q.device)
         kv = torch.stack([k.float(), v.float()]).contiguous()
         dkv = torch.zeros_like(kv)  # gradient of the block held, accumulated by every rank
         for t in range(p):
@@ -197,7 +200,8 @@ class RingAttention(torch.autograd.Function):
                 works = ring.shift(kv, nxt)
             if not (causal and j > rank):
                 s = (qf @ kv[0].transpose(-2, -1)) * scale
-                mask = _causal_mask(starts[rank], s_r, starts[j], sizes[j]) if causal else None
+                mask = (_causal_mask(starts[rank], s_r, starts[j], sizes[j], device=q.device)
+                        if causal else None)
                 if mask is not None:
                     s = s.masked_fill(mask, float("-inf"))
                 prob = torch.exp(s - lse[..., None])  # the forward's softmax, recomputed

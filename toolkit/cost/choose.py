@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 
+from ..arguments import check_int
 from .models import COEFFICIENTS, AlphaBeta, crossover_bytes, predict
 
 
@@ -57,8 +57,7 @@ def check_algorithms(collective: str, algorithms: Sequence[str] | None, name: st
 
 
 def check_p_link(p: Any, link: Any, name: str) -> None:
-    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 2:
-        raise ValueError(f"{name}(p={p!r}): the world size must be an int >= 2")
+    check_int(name, "p", p, low=2, hint="the world size")
     if not isinstance(link, AlphaBeta):
         raise TypeError(f"{name}(link=...) must be a toolkit.cost.AlphaBeta, got "
                         f"{type(link).__name__}")

@@ -47,7 +47,7 @@ class Fit:
         return float(np.median(np.abs(self.relative_errors))) if self.relative_errors.size else 0.0
 
 
-def _samples(data) -> list[Sample]:
+def as_samples(data) -> list[Sample]:
     """Samples from a list of `Sample` or a DataFrame with the same columns (extra ones ignored)."""
     if hasattr(data, "itertuples"):
         missing = {"collective", "algorithm", "p", "nbytes", "seconds"} - set(data.columns)
@@ -62,7 +62,8 @@ def _design(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
     rows, t = [], []
     for s in samples:
         if not s.seconds > 0:
-            raise ValueError(f"fit_alpha_beta: measured time must be > 0 s, got {s.seconds} for {s}")
+            raise ValueError(f"fit_alpha_beta: measured time must be > 0 s, got {s.seconds} "
+                             f"for {s}")
         a, b = coefficients(s.collective, s.algorithm, s.p)
         rows.append((a, b * s.nbytes))
         t.append(s.seconds)
@@ -73,9 +74,10 @@ def fit_alpha_beta(data: Iterable[Sample]) -> Fit:
     """Least-squares α, β (relative error, both ≥ 0) over measured samples.
 
     `data`: `Sample`s, (collective, algorithm, p, nbytes, seconds) tuples, or the DataFrame that
-    `toolkit.cost.measure` returns. Needs at least two samples that tell α from β (two sizes).
+    `toolkit.experiments.collectives.measure` returns. Needs at least two samples that tell α
+    from β (two sizes).
     """
-    samples = _samples(data)
+    samples = as_samples(data)
     X, t = _design(samples)
     if len(samples) < 2 or np.linalg.matrix_rank(X) < 2:
         raise ValueError("fit_alpha_beta needs samples at two or more message sizes (with p > 1) "
@@ -98,5 +100,5 @@ def fit_alpha_beta(data: Iterable[Sample]) -> Fit:
 
 def relative_errors(data: Iterable[Sample], link: AlphaBeta) -> np.ndarray:
     """(predicted − measured) / measured for each sample under `link`."""
-    X, t = _design(_samples(data))
+    X, t = _design(as_samples(data))
     return (X @ np.array([link.alpha, link.beta]) - t) / t

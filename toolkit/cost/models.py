@@ -8,24 +8,14 @@ needs `a` message rounds and moves `b·n` bytes on its busiest path takes
 so every model here is the pair of coefficients (a(p), b(p)) for p ranks (Thakur, Rabenseifner &
 Gropp, IJHPCA 2005; Patarasuk & Yuan, JPDC 2009; table in REFERENCES.md):
 
-====================  ==============  ===============  =============================================
-collective/algorithm  a(p)            b(p)             why
-====================  ==============  ===============  =============================================
-all_reduce/ring       2(p−1)          2(p−1)/p         p−1 reduce-scatter + p−1 all-gather steps of n/p
-all_reduce/ps         2(p−1)          2(p−1)           root receives p−1 tensors, then sends p−1
-all_reduce/sharded_ps 2(p−1)          2(p−1)/p         each rank serves n/p; p−1 messages in, p−1 out
-all_reduce/tree       2⌈log₂p⌉        2⌈log₂p⌉         tree reduce + tree broadcast, whole tensor per hop
-broadcast/linear      p−1             p−1              the root sends the tensor p−1 times
-broadcast/tree        ⌈log₂p⌉         ⌈log₂p⌉          holders double each round
-reduce/linear         p−1             p−1              mirror of the linear broadcast
-reduce/tree           ⌈log₂p⌉         ⌈log₂p⌉          mirror of the tree broadcast
-reduce_scatter/ring   p−1             (p−1)/p          half of the ring all-reduce
-all_gather/ring       p−1             (p−1)/p          the other half
-scatter/linear        p−1             (p−1)/p          one n/p piece to each other rank
-gather/linear         p−1             (p−1)/p          one n/p piece from each other rank
-====================  ==============  ===============  =============================================
-
+=========================  ========  ========  =======================================
 Compute (the additions of a reduction) is not modelled: on a CPU it is folded into the fitted β.
+So the sliced ring has the ring's coefficients: it sends the same bytes, and in a pipeline of S
+slices per chunk the slices of a step follow one another on the link like one message (the
+extra latency of the S−1 slices in flight is folded into α). What slicing saves is the time of
+the adds, which this model does not see: `toolkit.cost.slicing` adds a term γ for them.
+Where one line cannot follow the measurement (libraries and machines change protocol with
+size), `toolkit.cost.piecewise` fits α and β per size regime.
 
 Bandwidths as nccl-tests defines them (doc/PERFORMANCE.md): algorithm bandwidth algbw = n / t;
 bus bandwidth busbw = algbw · factor, factor 2(p−1)/p for all-reduce, (p−1)/p for
@@ -61,7 +51,39 @@ COEFFICIENTS: dict[str, dict[str, Callable[[int], tuple[float, float]]]] = {
     "scatter": {"linear": lambda p: (p - 1, (p - 1) / p)},
     "gather": {"linear": lambda p: (p - 1, (p - 1) / p)},
 }
-"""Model coefficients by collective and algorithm name (the names `toolkit.collectives` uses)."""
+"""Model coefficients by collective and algorithm name (the names `toolkit.collectives` uses).
+Figures and the explorer draw these; algorithms in `SAME_MODEL` share one of them."""
+
+SAME_MODEL: dict[str, str] = {"sliced_ring": "ring"}
+"""Algorithms whose α-β model is another's: the sliced ring sends the ring's bytes in the ring's
+rounds (see the module docstring), so it has the ring's (a(p), b(p)) wherever there is a ring."""
+
+
+def algorithms(collective: str) -> list[str]:
+    """Every algorithm of `collective` that has a model, `SAME_MODEL` aliases included."""
+    table = COEFFICIENTS.get(collective, {})
+    return list(table) + [a for a, base in SAME_MODEL.items() if base in table]
+
+
+def model_name(collective: str, algorithm: str) -> str:
+    """The algorithm whose coefficients `algorithm` uses (itself, or its `SAME_MODEL` base)."""
+    base = SAME_MODEL.get(algorithm)
+    return base if base is not None and base in COEFFICIENTS.get(collective, {}) else algorithm
+
+
+def split_label(label: str) -> tuple[str, dict[str, int]]:
+    """``"sliced_ring:slice_bytes=65536:window=4"`` → (``"sliced_ring"``,
+    {"slice_bytes": 65536, "window": 4}): options follow the name, each after a colon."""
+    name, *items = label.split(":")
+    options = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.isidentifier() or not value.lstrip("-").isdigit():
+            raise ValueError(f"algorithm {label!r}: options must be key=integer pairs, "
+                             "each after a colon, e.g. 'sliced_ring:slice_bytes=65536:window=4'")
+        options[key] = int(value)
+    return name, options
+
 
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda p: 2 * (p - 1) / p,
@@ -75,6 +97,10 @@ BUS_FACTOR: dict[str, Callable[[int], float]] = {
 }
 """nccl-tests' factor from algorithm bandwidth to bus bandwidth (scatter/gather: ours, by the
 same rule: the root's link carries (p−1)/p of the data)."""
+
+TORCH = "torch"
+"""The algorithm name of torch's built-in collective (gloo or NCCL), the baseline a measured
+table (`toolkit.experiments.collectives.measure`) sets beside these models."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +118,8 @@ class AlphaBeta:
         return math.inf if self.beta == 0 else 1.0 / self.beta
 
     def __str__(self) -> str:
-        return f"α = {self.alpha * 1e6:.1f} µs, β = {self.beta * 1e9:.3f} ns/B ({self.bandwidth / 1e9:.2f} GB/s)"
+        return (f"α = {self.alpha * 1e6:.1f} µs, β = {self.beta * 1e9:.3f} ns/B "
+                f"({self.bandwidth / 1e9:.2f} GB/s)")
 
 
 def _check(collective: str, algorithm: str, p: int) -> Callable[[int], tuple[float, float]]:
@@ -100,9 +127,10 @@ def _check(collective: str, algorithm: str, p: int) -> Callable[[int], tuple[flo
         raise ValueError(f"no cost model for collective {collective!r}; "
                          f"choose from {', '.join(COEFFICIENTS)}")
     table = COEFFICIENTS[collective]
+    algorithm = model_name(collective, algorithm)
     if algorithm not in table:
         raise ValueError(f"no cost model for {collective} algorithm {algorithm!r}; "
-                         f"choose from {', '.join(table)}")
+                         f"choose from {', '.join(algorithms(collective))}")
     if not isinstance(p, (int, np.integer)) or p < 1:
         raise ValueError(f"world size p must be an int >= 1, got {p!r}")
     return table[algorithm]
@@ -137,7 +165,7 @@ def bytes_sent_per_rank(collective: str, algorithm: str, nbytes: float, p: int) 
     """Bytes the busiest sender sends for an n-byte collective (ring all-reduce: 2(p−1)/p·n;
     parameter server: the root's (p−1)·n). Check it against `toolkit.comm`'s recorded totals."""
     _check(collective, algorithm, p)
-    return SENT[collective][algorithm](int(p)) * nbytes
+    return SENT[collective][model_name(collective, algorithm)](int(p)) * nbytes
 
 
 def algbw(nbytes, seconds):

@@ -4,9 +4,12 @@
         results.csv     one row per (collective, algorithm, p, size): the `measure` table
         meta.json       where and how it was measured: host, backend, device, torch, date, args
         report.html     plotly report (written by benchmarks/collectives.py)
+        ...             `make gpu-check` adds ddp_step.csv, fsdp_step.csv, lessons.csv and more
 
 `save_results` writes the first two; `load_results` reads a folder back into (table, meta), and
-`load_all` stacks several with a ``run`` column, e.g. to draw "your laptop vs an 8-GPU node".
+`load_all` stacks several with a ``run`` column, e.g. to draw "your laptop vs an 8-GPU node";
+`find_results` lists the folders under a few roots (lessons 03 and 04 look in
+``lessons/data/runs`` and the repository's ``results/``).
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ def machine_meta(backend: str) -> dict[str, Any]:
 
 
 def save_results(table, folder: str | os.PathLike, meta: dict[str, Any]) -> Path:
-    """Write `table` (from `toolkit.cost.measure`) and `meta` to `folder`; returns the folder.
+    """Write `table` (from `toolkit.experiments.collectives.measure`) and `meta` to `folder`;
+    returns the folder.
 
     Written to temporary names and renamed, so an interrupted run never leaves half a file.
     """
@@ -75,6 +79,13 @@ def load_results(folder: str | os.PathLike):
         raise ValueError(f"{folder}: results format {info.get('format')!r}, this toolkit reads "
                          f"{FORMAT}; re-run the benchmark")
     return pd.read_csv(csv), info
+
+
+def find_results(*roots: str | os.PathLike) -> list[Path]:
+    """The results folders (those holding meta.json) directly under each of `roots`, by name;
+    a root that does not exist holds none."""
+    found = [meta.parent for root in roots for meta in Path(root).glob("*/meta.json")]
+    return sorted(found, key=lambda p: (p.name, str(p)))
 
 
 def load_all(folders) -> "Any":

@@ -28,8 +28,9 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Sequence
 
-import torch
 from torch import Tensor, nn
+
+from ..arguments import check_int
 
 __all__ = ["accumulate_gradients", "split_batch"]
 
@@ -40,8 +41,7 @@ def split_batch(*tensors: Tensor, micro_batches: int) -> list[tuple[Tensor, ...]
     Sizes follow `torch.tensor_split`: N items into k pieces, the first N mod k pieces one item
     longer. Returns one tuple per micro-batch, e.g. ``[(x0, y0), (x1, y1), ...]``.
     """
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
-        raise ValueError(f"split_batch: micro_batches must be an int >= 1, got {micro_batches!r}")
+    check_int("split_batch", "micro_batches", micro_batches)
     if not tensors:
         raise ValueError("split_batch: pass at least one tensor")
     n = tensors[0].shape[0]
@@ -79,7 +79,7 @@ def accumulate_gradients(
         raise ValueError(f"accumulate_gradients: every micro-batch needs >= 1 item, got {sizes}")
     total = sum(sizes)
     no_sync = getattr(model, "no_sync", None) if sync_last_only else None
-    mean_loss = torch.zeros(())
+    mean_loss: Tensor | None = None  # the first loss sets its device (and dtype)
     for j, (mb, n_j) in enumerate(zip(micro_batches, sizes)):
         last = j == len(micro_batches) - 1
         ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
@@ -87,5 +87,5 @@ def accumulate_gradients(
             # n_j / N == 1/k for equal micro-batches: see the module docstring for why.
             loss = loss_fn(model, *mb) * (n_j / total)
             loss.backward()
-        mean_loss = mean_loss + loss.detach()
+        mean_loss = loss.detach() if mean_loss is None else mean_loss + loss.detach()
     return mean_loss

@@ -21,6 +21,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
+from ..arguments import check_int, check_positive
+
 __all__ = ["DEFAULT_BUCKET_CAP_MB", "Bucket", "assign_buckets", "bucket_cap_bytes"]
 
 DEFAULT_BUCKET_CAP_MB = 25.0
@@ -29,9 +31,7 @@ DEFAULT_BUCKET_CAP_MB = 25.0
 
 def bucket_cap_bytes(bucket_cap_mb: float) -> int:
     """``bucket_cap_mb`` in bytes, as PyTorch counts it (1 MB = 2**20 bytes)."""
-    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
-            or not bucket_cap_mb > 0:
-        raise ValueError(f"bucket_cap_mb must be a number > 0 (MiB), got {bucket_cap_mb!r}")
+    check_positive("", "bucket_cap_mb", bucket_cap_mb, hint="MiB")
     return max(1, int(bucket_cap_mb * 2**20))
 
 
@@ -49,8 +49,7 @@ def assign_buckets(params: Sequence[Tensor], cap_bytes: int) -> list[list[int]]:
         >>> assign_buckets(w, cap_bytes=1000)
         [[2], [1, 0]]
     """
-    if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes <= 0:
-        raise ValueError(f"assign_buckets: cap_bytes must be an int > 0, got {cap_bytes!r}")
+    check_int("assign_buckets", "cap_bytes", cap_bytes)
     buckets: list[list[int]] = []
     current: list[int] = []
     size, dtype = 0, None

@@ -96,8 +96,8 @@ class _DataParallel(nn.Module):
             broadcast_module(module, src=src, group=process_group)
         self._sync_this_backward = True
         self._callback_queued = False
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
-                         for p in self.sync_params]
+        for p in self.sync_params:
+            p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # PyTorch decides at forward time whether the coming backward synchronises.
@@ -113,12 +113,6 @@ class _DataParallel(nn.Module):
             yield
         finally:
             self.require_backward_grad_sync = old
-
-    def remove_hooks(self) -> None:
-        """Detach from the module (its parameters keep no hook of ours)."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
 
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         if not self._sync_this_backward:

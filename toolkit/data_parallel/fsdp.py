@@ -41,6 +41,8 @@ optimizers that are not element-wise over a parameter (the shard is one flat ten
 
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
@@ -49,64 +51,104 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..memory import shard_numel
+from .units import ParamInfo, Slot, default_units, unit_parameters
 
-Slot = tuple[nn.Module, str]  # a module and the attribute name a parameter lives under
+
+@dataclass(frozen=True)
+class Entry:
+    """Where one parameter lives in its group's flat buffer."""
+
+    offset: int
+    numel: int
+    shape: torch.Size
+    slots: list[Slot]
+    name: str
+
+
+class State(enum.Enum):
+    """Where a group's gathered buffer ``full`` is. Its storage has ``full``'s size unless the
+    group is FREED, when it is 0 bytes; only IN_FLIGHT has an all-gather pending."""
+
+    FREED = "freed"
+    IN_FLIGHT = "in flight"
+    GATHERED = "gathered"
 
 
 class FlatGroup:
     """Parameters of one unit with one ``requires_grad``: a flat fp32 shard and a gathered
-    buffer ``full`` (compute dtype) whose storage exists only while gathered."""
+    buffer ``full`` (compute dtype) whose storage exists only while gathered (`state`)."""
 
-    def __init__(self, params: list[tuple[nn.Parameter, list[Slot], str]], *, trainable: bool,
-                 world_size: int, rank: int, compute_dtype: torch.dtype | None, group: Any):
+    def __init__(self, params: list[ParamInfo], *, trainable: bool, world_size: int, rank: int,
+                 compute_dtype: torch.dtype | None, group: Any):
         self.world_size, self.group, self.trainable = world_size, group, trainable
-        self.numel = sum(p.numel() for p, _, _ in params)
+        self.numel = sum(q.param.numel() for q in params)
         self.shard_numel = shard_numel(self.numel, world_size)
-        flat = torch.zeros(world_size * self.shard_numel, dtype=torch.float32)
-        self.entries: list[tuple[int, int, torch.Size, list[Slot], str]] = []
+        device = params[0].param.device  # shard and gathered buffer live where the parameters do
+        flat = torch.zeros(world_size * self.shard_numel, dtype=torch.float32, device=device)
+        self.entries: list[Entry] = []
         offset = 0
-        for p, slots, name in params:
+        for q in params:
+            p = q.param
             flat[offset:offset + p.numel()] = p.detach().reshape(-1).float()
-            self.entries.append((offset, p.numel(), p.shape, slots, name))
+            self.entries.append(Entry(offset, p.numel(), p.shape, q.slots, q.name))
             offset += p.numel()
         lo = rank * self.shard_numel
         self.shard = nn.Parameter(flat[lo:lo + self.shard_numel].clone(), requires_grad=trainable)
         self.dtype = compute_dtype or torch.float32
-        self.full = torch.zeros(world_size * self.shard_numel, dtype=self.dtype,
+        self.full = torch.zeros(world_size * self.shard_numel, dtype=self.dtype, device=device,
                                 requires_grad=trainable)
-        self._free()
         self.pending: tuple[Any, Tensor] | None = None  # (async work, its input) of a prefetch
+        self.state = State.GATHERED  # zeros, until freed: the buffer's storage is allocated
+        self._free()
         if trainable:
             self.full.register_post_accumulate_grad_hook(self._reduce_scatter)
 
+    def _check(self, *allowed: State) -> None:
+        """Assert the state is one of `allowed` and the buffer agrees with it."""
+        assert self.state in allowed, f"FlatGroup is {self.state.value}, expected {allowed}"
+        held = self.full.untyped_storage().nbytes()
+        full = self.full.numel() * self.full.element_size()
+        assert held == (0 if self.state is State.FREED else full), (
+            f"FlatGroup {self.state.value} holds {held} bytes of its {full}-byte buffer")
+        assert (self.pending is not None) == (self.state is State.IN_FLIGHT), (
+            f"FlatGroup {self.state.value} with{'' if self.pending else 'out'} a pending gather")
+
     @property
     def gathered(self) -> bool:
-        return self.full.untyped_storage().nbytes() > 0 or self.pending is not None
+        """Gathered or on its way (an all-gather in flight)."""
+        return self.state is not State.FREED
 
     def gather(self, *, async_op: bool = False) -> None:
         """All-gather the shards into ``full`` (no-op when already gathered or in flight)."""
-        if self.gathered:
+        if self.state is not State.FREED:
             return
+        self._check(State.FREED)
         self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
         src = self.shard.detach().to(self.dtype)  # bf16 compute: cast before sending
         work = dist.all_gather_into_tensor(self.full.data, src, group=self.group,
                                            async_op=async_op)
         if async_op:
             self.pending = (work, src)
+            self.state = State.IN_FLIGHT
+        else:
+            self.state = State.GATHERED
 
     def wait(self) -> None:
         """Finish a prefetch started with ``gather(async_op=True)``."""
-        if self.pending is not None:
+        if self.state is State.IN_FLIGHT:
+            self._check(State.IN_FLIGHT)
             self.pending[0].wait()
             self.pending = None
+            self.state = State.GATHERED
 
     def install(self) -> None:
         """Point every slot at its view of ``full`` (a fresh view each forward, so autograd
         records it; tied slots get the same view)."""
         self.wait()
-        for offset, numel, shape, slots, _ in self.entries:
-            view = self.full[offset:offset + numel].view(shape)
-            for module, attr in slots:
+        self._check(State.GATHERED)
+        for e in self.entries:
+            view = self.full[e.offset:e.offset + e.numel].view(e.shape)
+            for module, attr in e.slots:
                 setattr(module, attr, view)
 
     def free(self) -> None:
@@ -114,13 +156,16 @@ class FlatGroup:
         self._free()
 
     def _free(self) -> None:
+        self._check(State.FREED, State.GATHERED)
         self.full.untyped_storage().resize_(0)
+        self.state = State.FREED
 
     def _reduce_scatter(self, full: Tensor) -> None:
         """Post-accumulate hook: mean gradient of my shard (reduced in fp32), then free."""
+        self._check(State.GATHERED)  # the gradient came from the gathered parameters
         grad = full.grad.float()
         full.grad = None
-        mine = torch.empty(self.shard_numel, dtype=torch.float32)
+        mine = torch.empty(self.shard_numel, dtype=torch.float32, device=grad.device)
         dist.reduce_scatter_tensor(mine, grad, group=self.group)
         mine.div_(self.world_size)
         if self.shard.grad is None:
@@ -131,7 +176,8 @@ class FlatGroup:
 
     def gather_fp32(self) -> Tensor:
         """The full fp32 parameters (a new tensor; for `full_state_dict`)."""
-        out = torch.empty(self.world_size * self.shard_numel, dtype=torch.float32)
+        out = torch.empty(self.world_size * self.shard_numel, dtype=torch.float32,
+                          device=self.shard.device)
         dist.all_gather_into_tensor(out, self.shard.detach(), group=self.group)
         return out
 
@@ -154,36 +200,26 @@ class FullyShardedDataParallel(nn.Module):
         self.compute_dtype, self.prefetch, self.group = compute_dtype, prefetch, process_group
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
-        unit_list = _default_units(module) if units is None else list(units)
-        owner = _owners(module, unit_list)  # parameter id -> unit index (None: root)
-        slots: dict[int, list[Slot]] = {}
-        names: dict[int, str] = {}
-        params: dict[int, nn.Parameter] = {}
-        for mod_name, mod in module.named_modules(remove_duplicate=False):
-            for attr, p in list(mod._parameters.items()):
-                if p is None:
-                    continue
-                slots.setdefault(id(p), []).append((mod, attr))
-                names.setdefault(id(p), f"{mod_name}.{attr}" if mod_name else attr)
-                params[id(p)] = p
+        unit_list = default_units(module) if units is None else list(units)
+        params = unit_parameters(module, unit_list)
         groups_by_unit: list[list[FlatGroup]] = [[] for _ in range(len(unit_list) + 1)]
         for index in range(len(unit_list) + 1):
             unit = None if index == len(unit_list) else index
-            mine = [i for i in params if owner[i] == unit]
             for trainable in (True, False):
-                chosen = [(params[i], slots[i], names[i]) for i in mine
-                          if params[i].requires_grad == trainable]
+                chosen = [q for q in params
+                          if q.unit == unit and q.param.requires_grad == trainable]
                 if chosen:
                     groups_by_unit[index].append(FlatGroup(
                         chosen, trainable=trainable, world_size=self.world_size,
                         rank=self.rank, compute_dtype=compute_dtype, group=process_group))
-        for mod, attr in (s for i in params for s in slots[i]):
+        for mod, attr in (slot for q in params for slot in q.slots):
             del mod._parameters[attr]  # from now on the slot is set from a gathered view
         self.unit_groups, self.root_groups = groups_by_unit[:-1], groups_by_unit[-1]
         self.shards = nn.ParameterList(g.shard for gs in groups_by_unit for g in gs)
         # state-dict name -> every name the parameter had in the module (tied: several)
-        self.aliases = {names[i]: [f"{n}.{a}" if n else a for n, a in _slot_names(module, slots[i])]
-                        for i in params}
+        module_names = {id(m): n for n, m in module.named_modules(remove_duplicate=False)}
+        self.aliases = {q.name: [f"{module_names[id(m)]}.{a}" if module_names[id(m)] else a
+                                 for m, a in q.slots] for q in params}
         self._backward_queued = False
         for index, unit in enumerate(unit_list):
             unit.register_forward_pre_hook(lambda m, a, i=index: self._pre_forward(i))
@@ -271,38 +307,13 @@ class FullyShardedDataParallel(nn.Module):
         out: dict[str, Tensor] = {}
         for g in self._all_groups():
             flat = g.gather_fp32()
-            for offset, numel, shape, _, name in g.entries:
-                value = flat[offset:offset + numel].view(shape).clone()
-                for alias in self.aliases[name]:
+            for e in g.entries:
+                value = flat[e.offset:e.offset + e.numel].view(e.shape).clone()
+                for alias in self.aliases[e.name]:
                     out[alias] = value
         for name, buf in self.module.named_buffers():
             out[name] = buf.detach().clone()
         return out
 
 
-def _default_units(module: nn.Module) -> list[nn.Module]:
-    for attr in ("blocks", "layers"):
-        children = getattr(module, attr, None)
-        if isinstance(children, (nn.ModuleList, nn.Sequential)):
-            return [m for m in children if any(True for _ in m.parameters())]
-    return []
-
-
-def _owners(module: nn.Module, units: list[nn.Module]) -> dict[int, int | None]:
-    """Parameter id -> the unit whose subtree holds *every* use of it; None (root) for
-    parameters used outside all units or in two units (tied across units)."""
-    where: dict[int, set[int | None]] = {}
-    unit_of = {id(m): i for i, u in enumerate(units) for m in u.modules()}
-    for mod in module.modules():
-        for p in mod._parameters.values():
-            if p is not None:
-                where.setdefault(id(p), set()).add(unit_of.get(id(mod)))
-    return {pid: (next(iter(us)) if len(us) == 1 else None) for pid, us in where.items()}
-
-
-def _slot_names(module: nn.Module, slots: list[Slot]) -> list[tuple[str, str]]:
-    names = {id(m): n for n, m in module.named_modules(remove_duplicate=False)}
-    return [(names[id(m)], attr) for m, attr in slots]
-
-
-__all__ = ["FlatGroup", "FullyShardedDataParallel"]
+__all__ = ["Entry", "FlatGroup", "FullyShardedDataParallel", "State"]

@@ -9,8 +9,10 @@ s in different replicas hold the *same* shard. Per unit and step:
                all-reduce my gradient shard across my replica group      2(R−1)/R · Ψ_unit/S
 
 so parameters and optimizer state cost 16Ψ/S bytes per rank (not 16Ψ/W), but the all-gathers,
-the traffic that grows with the model, stay inside S ranks (one node, a fast link), and only
-Ψ/S elements per rank cross the slower links between replicas.
+the traffic that grows with the model, stay inside S ranks (one node, a fast link), and what
+crosses the slower links between replicas is a ring all-reduce of each rank's gradient shard:
+2(R−1)/R · Ψ/S elements sent per rank and step. That equals Ψ/S only at R = 2 and tends to
+2Ψ/S as R grows (DDP's 2(R−1)/R on a model S times smaller).
 
     layout = HybridLayout(world_size=4, shard_size=2)          # 2 replicas × 2 shards
     model = HybridShardedDataParallel(TinyMLP(), layout)       # collective: every rank calls it

@@ -1,9 +1,9 @@
 """Start N real ranks (processes) from a notebook cell, a script or a test.
 
-    from toolkit.launch import spawn
+    from toolkit.launch import device, spawn
 
     def hello(rank, world_size):
-        t = torch.tensor([float(rank)])
+        t = torch.tensor([float(rank)], device=device())   # cpu on gloo, cuda:LOCAL_RANK on NCCL
         dist.all_reduce(t)
         return t.item()
 

@@ -15,6 +15,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from .. import comm
+
 BACKENDS = ("auto", "gloo", "nccl")
 
 
@@ -93,7 +95,8 @@ def resolve_backend(backend: str, local_world_size: int) -> str:
         return "nccl" if nccl_ok else "gloo"
     if backend == "nccl":
         if not dist.is_nccl_available() or gpus < local_world_size:
-            build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+            cuda = torch.version.cuda
+            build = "a CPU-only build" if cuda is None else f"CUDA {cuda}"
             raise ValueError(
                 f"backend='nccl' needs one GPU per rank: {local_world_size} ranks on this host, "
                 f"but torch {torch.__version__} ({build}) sees {gpus} GPU(s)"
@@ -129,8 +132,7 @@ def init_from_env(*, backend: str = "auto", timeout: float = 600.0) -> RankConte
             "run `torchrun --nproc-per-node 4 your_script.py` (or srun with the variables "
             "exported, see docs/cluster.md), or start ranks with toolkit.launch.spawn(...)"
         )
-    from .. import comm  # wraps torch.distributed before user code makes calls
-
+    comm.install()  # before user code makes calls: the recorder sees them
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))

@@ -15,6 +15,7 @@ import time
 from ..comm import InflightBoard
 from . import worker
 from .errors import RankError, SpawnTimeout
+from .outcome import RankFailure
 from .output import OutputPump
 from .rankproc import RankProcess
 
@@ -30,46 +31,48 @@ def is_cause(r: RankProcess, board: InflightBoard) -> bool:
     *inside* a communication call (gloo can crash when a peer vanishes mid-collective).
     A rank that died outside any call, or raised an error of its own, is a cause.
     """
-    if r.outcome is None or r.outcome[0] == "ok":
+    if r.outcome is None or r.outcome.kind == "ok":
         return False
-    if r.outcome[0] == "died":
+    if r.outcome.kind == "died":
         slot = board.read(r.rank)
         return slot is None or not slot.active
-    info = r.outcome[1]
-    text = f"{info.get('message', '')}\n{info.get('traceback', '')}"
+    failure = r.outcome.failure
+    text = f"{failure.message}\n{failure.traceback}"
     return not any(marker in text for marker in KNOCK_ON)
 
 
 def failure_error(ranks: list[RankProcess], world_size: int, board: InflightBoard,
                   pump: OutputPump, *, rebuild: bool = True) -> RankError:
     """The error for a launch in which some rank failed: the cause, with its traceback."""
-    reported = [r for r in ranks if r.outcome is not None and r.outcome[0] != "ok"]
+    reported = [r for r in ranks if r.outcome is not None and r.outcome.kind != "ok"]
     causes = [r for r in reported if is_cause(r, board)] or reported
     cause = min(causes, key=lambda r: (_when(r), r.rank))
     others = [f"rank {r.rank}: {_one_line(r)}" for r in reported if r is not cause]
-    kind, info, code = _describe(cause)
+    kind, failure, code = _describe(cause)
     stopped = [r.rank for r in ranks if r.outcome is None]
     lines = [f"rank {cause.rank} of {world_size} {_one_line(cause)}"]
-    if info.get("traceback") and kind != "result":
-        lines += ["", f"Traceback from rank {cause.rank}:", info["traceback"].rstrip()]
+    if failure.traceback and kind != "result":
+        lines += ["", f"Traceback from rank {cause.rank}:", failure.traceback.rstrip()]
     output = pump.tail(cause.rank)
     if kind in ("exit", "signal") and output:
         lines += ["", f"Last output of rank {cause.rank}:", output]
     if others:
-        lines += ["", "Also failed (most likely because of the above):"] + [f"  {o}" for o in others]
+        lines += ["", "Also failed (most likely because of the above):"]
+        lines += [f"  {o}" for o in others]
     if stopped:
-        lines += ["", f"{'Rank' if len(stopped) == 1 else 'Ranks'} "
-                      f"{', '.join(map(str, stopped))} {'was' if len(stopped) == 1 else 'were'} stopped."]
+        one = len(stopped) == 1
+        lines += ["", f"{'Rank' if one else 'Ranks'} {', '.join(map(str, stopped))} "
+                      f"{'was' if one else 'were'} stopped."]
     exception = None
-    if info.get("exception") and rebuild:  # never for untrusted ranks: see safe_pickle
+    if failure.exception and rebuild:  # never for untrusted ranks: see safe_pickle
         import cloudpickle
         try:
-            exception = cloudpickle.loads(info["exception"])
+            exception = cloudpickle.loads(failure.exception)
         except Exception:  # noqa: BLE001 - an exception class that cannot be rebuilt here
             exception = None
     return RankError("\n".join(lines), rank=cause.rank, world_size=world_size, kind=kind,
-                     exc_type=info.get("exc_type"), exception=exception,
-                     traceback=info.get("traceback", ""), exit_code=code, output=output,
+                     exc_type=failure.exc_type or None, exception=exception,
+                     traceback=failure.traceback, exit_code=code, output=output,
                      others=others)
 
 
@@ -140,7 +143,8 @@ def _user_frames(dump: str) -> str:
     rank still carries a copy of the caller's stack, which did not run here).
     """
     launcher = os.path.join("toolkit", "launch") + os.sep
-    noise = (os.path.join("toolkit", "comm") + os.sep, os.path.join("torch", "distributed") + os.sep)
+    noise = (os.path.join("toolkit", "comm") + os.sep,
+             os.path.join("torch", "distributed") + os.sep)
     frames: list[str] = []
     for line in dump.splitlines():
         line = line.strip()
@@ -153,24 +157,29 @@ def _user_frames(dump: str) -> str:
         if not any(s in line for s in noise):
             frames.append(line)
     if not frames:  # stuck before reaching user code: show the innermost frames as they are
-        frames = [l.strip() for l in dump.splitlines() if l.strip().startswith("File ")][:5]
+        frames = [s.strip() for s in dump.splitlines() if s.strip().startswith("File ")][:5]
     frames = frames[:10][::-1]
-    return ("Python stack (most recent call last):\n" + "\n".join(f"  {f}" for f in frames)) if frames else ""
+    if not frames:
+        return ""
+    return "Python stack (most recent call last):\n" + "\n".join(f"  {f}" for f in frames)
 
 
 def _when(r: RankProcess) -> float:
-    if r.outcome and r.outcome[0] == "error":
-        return r.outcome[1].get("time", r.seen_at)
+    if r.outcome and r.outcome.kind == "error":
+        return r.outcome.failure.time
     return r.seen_at
 
 
-def _describe(r: RankProcess) -> tuple[str, dict, int | None]:
+_NO_FAILURE = RankFailure("", "", "", time=0.0)  # what a rank that died could not report
+
+
+def _describe(r: RankProcess) -> tuple[str, RankFailure, int | None]:
+    """(kind: a `FAILURE_KINDS` entry, "exit" or "signal"; the failure; the exit code)."""
     assert r.outcome is not None
-    if r.outcome[0] == "died":
-        code = r.outcome[1]
-        return ("signal" if code is not None and code < 0 else "exit"), {}, code
-    info = r.outcome[1]
-    return info["kind"], info, None
+    if r.outcome.kind == "died":
+        code = r.outcome.exit_code
+        return ("signal" if code is not None and code < 0 else "exit"), _NO_FAILURE, code
+    return r.outcome.failure.kind, r.outcome.failure, None
 
 
 def _one_line(r: RankProcess) -> str:
@@ -185,12 +194,12 @@ def _one_line(r: RankProcess) -> str:
         return f"was killed by {name}{extra} before returning"
     if kind == "exit":
         return f"exited with code {code} before returning (os._exit or a crash in C code)"
-    message = info["message"].splitlines()[0] if info["message"] else ""
+    message = info.message.splitlines()[0] if info.message else ""
     if kind == "init":
-        return f"failed to join the process group: {info['exc_type']}: {message}"
+        return f"failed to join the process group: {info.exc_type}: {message}"
     if kind == "result":
-        return (f"returned a value that cannot be sent back to the parent ({info['exc_type']}: "
+        return (f"returned a value that cannot be sent back to the parent ({info.exc_type}: "
                 f"{message}). Return plain data: numbers, lists, dicts, tensors, numpy arrays.")
-    if info["exc_type"] == "SystemExit":
+    if info.exc_type == "SystemExit":
         return f"called sys.exit({message}) instead of returning"
-    return f"raised {info['exc_type']}: {message}"
+    return f"raised {info.exc_type}: {message}"

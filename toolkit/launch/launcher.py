@@ -36,9 +36,10 @@ from typing import Any, Callable
 import torch
 
 from .. import comm
-from . import worker
+from . import safe_pickle, worker
 from .context import resolve_backend
 from .diagnose import failure_error, is_cause, timeout_error
+from .outcome import RankFailure, RankOutcome
 from .output import OutputPump
 from .rankproc import RankProcess, stop_all
 from .worker import RankSpec, read_frames
@@ -115,12 +116,11 @@ def spawn(
     launch = _Launch(fn, args, world_size, chosen, method, float(timeout), echo, trusted)
     try:
         return launch.run(record=bool(traces), max_events=comm.patch.recording_cap(),
-                          values=comm.patch.recording_values(), seed=seed, threads=threads, env=dict(env or {}))
+                          values=comm.patch.recording_values(), seed=seed, threads=threads,
+                          env=dict(env or {}))
     finally:
         # Also after a failure: what the ranks that reported had recorded is worth drawing.
-        events = launch.events()
-        for trace in traces:
-            trace.extend(events)
+        comm.patch.deliver(launch.events(), launch.dropped(), traces)
 
 
 def _check_arguments(fn: Any, world_size: Any, args: tuple, timeout: Any, seed: Any,
@@ -134,13 +134,17 @@ def _check_arguments(fn: Any, world_size: Any, args: tuple, timeout: Any, seed: 
     if world_size < 1:
         raise ValueError(f"spawn(world_size=...) must be at least 1, got {world_size}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"spawn(timeout=...) must be a positive number of seconds, got {timeout!r}")
+        raise ValueError(f"spawn(timeout=...) must be a positive number of seconds, "
+                         f"got {timeout!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise TypeError(f"spawn(seed=...) must be an int or None, got {seed!r}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
         raise ValueError(f"spawn(threads=...) must be a positive int or None, got {threads!r}")
-    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in dict(env).items()):
-        raise TypeError("spawn(env=...) must map str to str, e.g. {'TORCH_DISTRIBUTED_DEBUG': 'DETAIL'}")
+    if env is not None and not all(isinstance(k, str) and isinstance(v, str)
+                                   for k, v in dict(env).items()):
+        raise TypeError("spawn(env=...) must map str to str, "
+                        "e.g. {'TORCH_DISTRIBUTED_DEBUG': 'DETAIL'}")
     try:
         inspect.signature(fn).bind(0, world_size, *args)
     except TypeError as exc:
@@ -154,7 +158,8 @@ def _check_arguments(fn: Any, world_size: Any, args: tuple, timeout: Any, seed: 
 
 def _choose_start_method(start_method: str, backend: str) -> str:
     if start_method not in START_METHODS:
-        raise ValueError(f"spawn(start_method={start_method!r}): use one of {', '.join(map(repr, START_METHODS))}")
+        raise ValueError(f"spawn(start_method={start_method!r}): use one of "
+                         f"{', '.join(map(repr, START_METHODS))}")
     cuda_live = torch.cuda.is_available() and torch.cuda.is_initialized()
     if start_method == "fork":
         if backend == "nccl" or cuda_live:
@@ -188,7 +193,8 @@ class _Launch:
             blob = _pickle_work(self.fn, self.args)
         deadline = time.monotonic() + self.timeout
         workdir = tempfile.mkdtemp(prefix="toolkit-launch-")
-        board = self.board = comm.InflightBoard(worker.board_path(workdir), self.world_size, create=True)
+        board = self.board = comm.InflightBoard(worker.board_path(workdir), self.world_size,
+                                                create=True)
         try:
             spec = RankSpec(rank=0, world_size=self.world_size, backend=self.backend,
                             pg_timeout=self.timeout + 15, record=record, max_events=max_events,
@@ -207,16 +213,20 @@ class _Launch:
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _results(self) -> list[Any]:
-        failed = [r for r in self.ranks if r.outcome is None or r.outcome[0] != "ok"]
+        failed = [r for r in self.ranks if r.outcome is None or r.outcome.kind != "ok"]
         if failed:
             raise failure_error(self.ranks, self.world_size, self.board, self.pump,
                                 rebuild=self.trusted)
-        return [r.outcome[1] for r in self.ranks]
+        return [r.outcome.value for r in self.ranks]
 
     def events(self) -> list[comm.Event]:
         """Every event the ranks sent back (ranks that returned or raised; not hung or dead)."""
-        return [comm.Event.from_tuple(t) for r in self.ranks
-                if r.outcome and r.outcome[0] in ("ok", "error") for t in r.outcome[2]]
+        return [comm.Event.from_tuple(t) for r in self.ranks if r.outcome
+                for t in r.outcome.events]
+
+    def dropped(self) -> int:
+        """Events the ranks that reported could not keep (over the recording's cap)."""
+        return sum(r.outcome.dropped for r in self.ranks if r.outcome)
 
     # -- starting ------------------------------------------------------------------------------
     def _start_all(self, spec: RankSpec, blob: bytes | None, workdir: str) -> None:
@@ -301,7 +311,7 @@ class _Launch:
                     raise timeout_error(self.ranks, self.world_size, self.timeout, board)
                 self._read_ready(sel, min(0.05, deadline - now))
                 self._check_exits(sel)
-                failures = [r for r in self.ranks if r.outcome and r.outcome[0] != "ok"]
+                failures = [r for r in self.ranks if r.outcome and r.outcome.kind != "ok"]
                 if any(is_cause(r, board) for r in failures):
                     break
                 if failures:
@@ -343,12 +353,11 @@ class _Launch:
     def _on_frame(self, rank: RankProcess, frame: bytes) -> None:
         import cloudpickle
 
-        from . import safe_pickle
-
         try:
-            outcome = cloudpickle.loads(frame) if self.trusted else safe_pickle.loads(frame)
+            plain = cloudpickle.loads(frame) if self.trusted else safe_pickle.loads(frame)
+            outcome = RankOutcome.from_plain(plain)
         except Exception as exc:  # noqa: BLE001 - e.g. a class the parent cannot import
-            outcome = ("error", worker.error_info("result", type(exc).__name__, str(exc)), [])
+            outcome = RankOutcome.error(RankFailure("result", type(exc).__name__, str(exc)))
         if rank.outcome is None:
             rank.outcome, rank.seen_at = outcome, time.time()
 
@@ -358,7 +367,7 @@ class _Launch:
                 # It wrote its outcome before exiting, if it wrote one: it is in the pipe now.
                 self._read_ready(sel, 0)
                 if r.outcome is None:
-                    r.outcome, r.seen_at = ("died", r.exit_code()), time.time()
+                    r.outcome, r.seen_at = RankOutcome.died(r.exit_code()), time.time()
 
 
 def _pickle_work(fn: Callable, args: tuple) -> bytes:
@@ -369,8 +378,8 @@ def _pickle_work(fn: Callable, args: tuple) -> bytes:
     except Exception as exc:  # noqa: BLE001
         raise TypeError(
             "spawn(start_method='spawn') sends fn and its arguments to fresh interpreters by "
-            f"pickling them (cloudpickle), and that failed: {type(exc).__name__}: {exc}. Pass plain "
-            "data (numbers, lists, dicts, CPU tensors) as arguments, or use start_method='fork' "
-            "(Linux, CPU).") from exc
+            f"pickling them (cloudpickle), and that failed: {type(exc).__name__}: {exc}. Pass "
+            "plain data (numbers, lists, dicts, CPU tensors) as arguments, or use "
+            "start_method='fork' (Linux, CPU).") from exc
 
 

@@ -9,15 +9,18 @@ import time
 
 import psutil
 
+from .outcome import RankOutcome
+
 
 class RankProcess:
     """The parent's view of one rank: its process, pipes and outcome."""
 
-    def __init__(self, rank: int, pid: int, fds: dict[str, int], popen: subprocess.Popen | None = None):
+    def __init__(self, rank: int, pid: int, fds: dict[str, int],
+                 popen: subprocess.Popen | None = None):
         self.rank, self.pid, self.fds, self.popen = rank, pid, fds, popen
         self.buf = bytearray()
-        self.outcome: tuple | None = None   # ("ok", value, events, dropped) | ("error", info, events) | ("died", code)
-        self.seen_at: float = 0.0           # time.time() the outcome was known
+        self.outcome: RankOutcome | None = None  # None while the rank has not reported
+        self.seen_at: float = 0.0                # time.time() the outcome was known
         self.reaped = False
         self._code: int | None = None
 

@@ -21,10 +21,13 @@ import random
 import signal
 import struct
 import sys
-import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, NoReturn
+
+from .. import comm
+from .context import RankContext, rank_device, set_context
+from .outcome import RankFailure, RankOutcome
 
 _HEADER = struct.Struct("<Q")  # frame length in bytes
 
@@ -124,8 +127,8 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _setup_process(spec: RankSpec) -> Any:
-    """Signals, stdio, fault handlers, threads, seeds, environment. Returns the stack file."""
+def _setup_process(spec: RankSpec) -> None:
+    """Signals, stdio, fault handlers, threads, seeds, environment."""
     _die_with_parent(spec.parent_pid)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
@@ -135,11 +138,12 @@ def _setup_process(spec: RankSpec) -> Any:
     # Fresh line-buffered streams on fds 1/2 (in a forked child, sys.stdout is still the
     # notebook kernel's object, which must not be used from here).
     sys.stdin = open(0, "r", closefd=False)
-    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    text = dict(buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    sys.stdout = open(1, "w", **text)
+    sys.stderr = open(2, "w", **text)
     faulthandler.enable(file=sys.stderr)  # a segfault prints the Python stack to stderr
-    stack_file = open(spec.stack_path, "w")
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    # faulthandler holds its own reference to the file: it stays open for the rank's life.
+    faulthandler.register(signal.SIGUSR1, file=open(spec.stack_path, "w"), all_threads=True)
 
     local = {"RANK": spec.rank, "WORLD_SIZE": spec.world_size, "LOCAL_RANK": spec.rank,
              "LOCAL_WORLD_SIZE": spec.world_size}
@@ -159,14 +163,10 @@ def _setup_process(spec: RankSpec) -> Any:
             np.random.seed((spec.seed + spec.rank) % 2**32)
         except ImportError:
             pass
-    return stack_file
 
 
 def _init_group(spec: RankSpec) -> None:
     import torch.distributed as dist
-
-    from .. import comm
-    from .context import RankContext, rank_device, set_context
 
     board = comm.InflightBoard(spec.board_path, spec.world_size)
     comm.attach(spec.rank, board)
@@ -182,11 +182,16 @@ def _init_group(spec: RankSpec) -> None:
         kwargs["device_id"] = dev
     dist.init_process_group(spec.backend, store=store, rank=spec.rank,
                             world_size=spec.world_size, timeout=timeout, **kwargs)
+    # Every rank finishes joining before any runs fn. Without this a rank whose fn makes no
+    # call can return and exit while a peer is still completing gloo's connection set-up,
+    # and that peer fails to join with "Connection closed by peer" (seen in about 1 launch in
+    # 5 on a loaded 2-core machine). The unwrapped barrier: set-up, not the rank's traffic.
+    comm.original("barrier")()
     set_context(RankContext(spec.rank, spec.world_size, spec.rank, spec.world_size,
                             spec.backend, dev))
 
 
-def _error_frame(kind: str, exc: BaseException, events: list) -> bytes:
+def _error_frame(kind: str, exc: BaseException, trace: Any) -> bytes:
     tb = exc.__traceback__
     if kind == "exception" and tb is not None and tb.tb_next is not None:
         tb = tb.tb_next  # drop run_rank's own frame: the rank's traceback starts in fn
@@ -195,14 +200,15 @@ def _error_frame(kind: str, exc: BaseException, events: list) -> bytes:
         exc_bytes: bytes | None = dumps(exc)
     except Exception:
         exc_bytes = None
-    return dumps(("error", error_info(kind, type(exc).__name__, str(exc), text, exc_bytes), events))
+    failure = RankFailure(kind, type(exc).__name__, str(exc), text, exc_bytes)
+    return dumps(RankOutcome.error(failure, *_recorded(trace)).to_plain())
 
 
-def error_info(kind: str, exc_type: str, message: str, traceback_text: str = "",
-               exception: bytes | None = None) -> dict[str, Any]:
-    """The ``info`` of an ``("error", info, events)`` outcome; `time` orders failures."""
-    return {"kind": kind, "exc_type": exc_type, "message": message,
-            "traceback": traceback_text, "exception": exception, "time": time.time()}
+def _recorded(trace: Any) -> tuple[list[tuple], int]:
+    """(events as plain tuples, how many were dropped) of the rank's trace (None: none)."""
+    if trace is None:
+        return [], 0
+    return [e.as_tuple() for e in trace.events], trace.dropped
 
 
 def run_rank(spec: RankSpec, fn: Callable[..., Any], args: tuple, result_fd: int) -> NoReturn:
@@ -210,29 +216,24 @@ def run_rank(spec: RankSpec, fn: Callable[..., Any], args: tuple, result_fd: int
     code = 1
     try:
         _setup_process(spec)
-        from .. import comm
-
+        comm.install()  # before fn runs: every call it makes goes through the recorder
         trace = comm.Trace()
         if spec.record:
-            comm.patch.start_recording(trace, spec.max_events, spec.values)
-
-        def events() -> list:
-            return [e.as_tuple() for e in trace.events]
-
+            comm.start_recording(trace, spec.max_events, spec.values)
         try:
             _init_group(spec)
         except BaseException as exc:  # noqa: BLE001 - any failure must reach the parent
-            write_frame(result_fd, _error_frame("init", exc, events()))
+            write_frame(result_fd, _error_frame("init", exc, trace))
         else:
             try:
                 result = fn(spec.rank, spec.world_size, *args)
             except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too
-                write_frame(result_fd, _error_frame("exception", exc, events()))
+                write_frame(result_fd, _error_frame("exception", exc, trace))
             else:
                 try:
-                    payload = dumps(("ok", result, events(), trace.dropped))
+                    payload = dumps(RankOutcome.ok(result, *_recorded(trace)).to_plain())
                 except Exception as exc:  # noqa: BLE001
-                    write_frame(result_fd, _error_frame("result", exc, events()))
+                    write_frame(result_fd, _error_frame("result", exc, trace))
                 else:
                     write_frame(result_fd, payload)
                     code = 0
@@ -278,6 +279,6 @@ def main(argv: list[str]) -> NoReturn:
         fn, args = cloudpickle.loads(blob)
         spec.rank = rank
     except BaseException as exc:  # noqa: BLE001
-        write_frame(result_fd, _error_frame("init", exc, []))
+        write_frame(result_fd, _error_frame("init", exc, None))
         os._exit(1)
     run_rank(spec, fn, args, result_fd)

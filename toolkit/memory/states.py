@@ -20,8 +20,9 @@ A flat-sharded implementation pads Ψ up to a multiple of N_d so that every rank
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from ..arguments import check_int
 
 STAGES = (0, 1, 2, 3)
 """ZeRO stages: 0 is plain data parallelism (everything replicated)."""
@@ -88,8 +89,8 @@ class ModelStates:
 def shard_numel(numel: int, n_d: int) -> int:
     """Elements each of `n_d` ranks holds when `numel` elements are flat-sharded with padding:
     ⌈numel / n_d⌉ (the padding is n_d·⌈numel/n_d⌉ − numel < n_d elements)."""
-    _check_int("shard_numel", numel=numel, low=0)
-    _check_int("shard_numel", n_d=n_d, low=1)
+    check_int("shard_numel", "numel", numel, low=0)
+    check_int("shard_numel", "n_d", n_d)
     return -(-numel // n_d)
 
 
@@ -105,7 +106,7 @@ def model_state_bytes(num_params: float, n_d: int = 1, stage: int = 0,
     (stage 0 is never padded). Without it, the paper's exact Ψ/N_d and Ψ. Flat groups padded
     separately (one per FSDP unit) add up: sum the predictions of each group.
     """
-    _check_int("model_state_bytes", n_d=n_d, low=1)
+    check_int("model_state_bytes", "n_d", n_d)
     if stage not in STAGES:
         raise ValueError(f"model_state_bytes: stage must be one of {STAGES}, got {stage!r}")
     if not isinstance(recipe, Recipe):
@@ -126,12 +127,6 @@ def model_state_bytes(num_params: float, n_d: int = 1, stage: int = 0,
         grads=recipe.grad_bytes * share(trainable, stage >= 2),
         optimizer=recipe.optimizer_bytes * share(trainable, stage >= 1),
     )
-
-
-def _check_int(owner: str, *, low: int, **values: object) -> None:
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{owner}: {name} must be an int >= {low}, got {value!r}")
 
 
 __all__ = ["FP32_ADAM", "GB", "MIXED_ADAM", "RECIPES", "SGD", "SGD_MOMENTUM", "STAGES", "GiB",

@@ -20,20 +20,23 @@ module          holds
                 in_flight), `check_schedule`, `ScheduleError`, `problems_by_case` (grade a
                 schedule function), `in_flight`, `needs`, `run_order`
 `bubble`        formulas: `bubble_fraction`, `bubble_time_ratio`, `pipeline_time`,
-                `peak_activations`
+                `peak_activations` (a pure model: `toolkit.cost.bubble`, re-exported here)
 `simulate`      `simulate` (ideal timeline from op times), `idle_fraction`, `stage_times`
 `work`          `Delay` (a layer that sleeps a known time per sample), `delay_blocks`
-`executor`      `run_pipeline` (spawns p ranks), `run_stage` (one rank's part), `assign_layers`
+`executor`      `run_pipeline` (spawns p ranks, one `PipelineRun` back)
+`stage`         `run_stage` (one rank's part: receive, compute, send per op), `assign_layers`
+`messages`      tags, who sends what to whom (`Routes`), a rank's `Mailbox`
 ==============  ==================================================================================
 """
 
-from .bubble import bubble_fraction, bubble_time_ratio, peak_activations, pipeline_time
-from .executor import PipelineRun, assign_layers, run_pipeline, run_stage
+from ..cost.bubble import bubble_fraction, bubble_time_ratio, peak_activations, pipeline_time
+from .executor import PipelineRun, run_pipeline
 from .schedules import (
     NAMES, Op, Schedule, as_op, as_schedule, gpipe, interleaved, make_schedule, naive,
     one_f_one_b,
 )
 from .simulate import COLUMNS, Timeline, idle_fraction, simulate, stage_times
+from .stage import assign_layers, run_stage
 from .validate import (
     KINDS, Problem, ScheduleError, check_schedule, in_flight, needs, problems, problems_by_case,
     run_order,

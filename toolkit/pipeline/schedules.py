@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from ..cost.bubble import check_sizes
+
 NAMES = ("naive", "gpipe", "1f1b", "interleaved")
 """Schedule names `make_schedule` knows."""
 
@@ -132,20 +134,12 @@ def as_schedule(stages: Schedule | Iterable[Iterable[Op | str | Sequence]], *,
     return Schedule(rows, m=m, v=v, name=name)
 
 
-def _check_sizes(owner: str, p: int, m: int, v: int = 1) -> None:
-    for arg, value, hint in (("p", p, "the number of stages (ranks)"),
-                             ("m", m, "the number of micro-batches"),
-                             ("v", v, "the number of model chunks per rank")):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{owner}: {arg} ({hint}) must be an int >= 1, got {value!r}")
-
-
 def naive(p: int) -> Schedule:
     """Naive model parallel: one batch, no micro-batches; stage r runs F0 then B0.
 
     Only one stage is busy at any time: idle fraction (p−1)/p.
     """
-    _check_sizes("naive", p, 1)
+    check_sizes("naive", p, 1)
     return Schedule(tuple((Op("F", 0), Op("B", 0)) for _ in range(p)), m=1, name="naive")
 
 
@@ -154,7 +148,7 @@ def gpipe(p: int, m: int) -> Schedule:
 
     Idle fraction (p−1)/(m+p−1); every stage holds the activations of all m micro-batches.
     """
-    _check_sizes("gpipe", p, m)
+    check_sizes("gpipe", p, m)
     row = tuple(Op("F", i) for i in range(m)) + tuple(Op("B", i) for i in range(m))
     return Schedule(tuple(row for _ in range(p)), m=m, name="gpipe")
 
@@ -166,7 +160,7 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     one forward and one backward (F(w+k), Bk), then the last w backwards. Same idle fraction as
     GPipe, (p−1)/(m+p−1), with at most min(p−r, m) micro-batches in flight on stage r.
     """
-    _check_sizes("one_f_one_b", p, m)
+    check_sizes("one_f_one_b", p, m)
     stages = []
     for r in range(p):
         warmup = min(p - r - 1, m)
@@ -196,7 +190,7 @@ def interleaved(p: int, m: int, v: int) -> Schedule:
     fraction (p−1)/(v·m+p−1) when p divides m, for v times more point-to-point messages.
     With v = 1 this is exactly `one_f_one_b`.
     """
-    _check_sizes("interleaved", p, m, v)
+    check_sizes("interleaved", p, m, v)
     if m > p and m % p:
         raise ValueError(f"interleaved: m (micro-batches) = {m} must be a multiple of p = {p} "
                          f"or at most p, as in Megatron-LM (micro-batches go in groups of p); "
@@ -217,7 +211,7 @@ def interleaved(p: int, m: int, v: int) -> Schedule:
 def make_schedule(name: str, *, p: int, m: int = 1, v: int = 1) -> Schedule:
     """The schedule called `name` (one of `NAMES`) for p stages, m micro-batches, v chunks."""
     key = str(name).lower().replace("-", "").replace("_", "")
-    if key not in ("naive", "gpipe", "1f1b", "interleaved"):
+    if key not in NAMES:
         raise ValueError(f"make_schedule: unknown schedule {name!r}; choose one of {NAMES}")
     if key != "interleaved" and v != 1:
         raise ValueError(f"make_schedule: v (chunks per rank) = {v} needs the 'interleaved' "

@@ -2,7 +2,7 @@
 
 Each stage runs its ops in order; an op starts when the stage is free and its input has arrived
 (the producing op's end plus `comm` seconds when it ran on another stage). With every stage
-equally fast and `comm` = 0 this reproduces the bubble formulas of `toolkit.pipeline.bubble`
+equally fast and `comm` = 0 this reproduces the bubble formulas of `toolkit.cost.bubble`
 exactly (tested). The table has the same columns as the executor's measured one, so the two
 can be drawn and compared side by side (`toolkit.viz.pipeline`).
 
@@ -17,7 +17,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from .schedules import Schedule, as_schedule
+from .schedules import Schedule
 from .validate import check_schedule, needs, run_order
 
 COLUMNS = ["stage", "op", "mb", "chunk", "start", "end", "duration"]

@@ -68,11 +68,6 @@ class ScheduleError(ValueError):
         super().__init__("the schedule cannot run:\n" + "\n".join(f"- {p}" for p in problems))
 
 
-def _what(op: Op, v: int) -> str:
-    name = "forward" if op.kind == "F" else "backward"
-    return f"the {name} of micro-batch {op.mb}" + (f" on chunk {op.chunk}" if v > 1 else "")
-
-
 def needs(schedule: Schedule, stage: int, op: Op) -> tuple[int, Op] | None:
     """The (stage, op) whose output `op` on `stage` waits for, or None (stage 0's forwards)."""
     k, last = schedule.virtual_stage(stage, op.chunk), schedule.p * schedule.v - 1

@@ -19,6 +19,8 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from ..arguments import check_int
+
 
 _SLEEP = [True]   # switched off by `no_delay` (a shape probe must not take time)
 
@@ -71,8 +73,7 @@ def delay_blocks(n: int, *, width: int = 16, forward: float = 1e-3, backward: fl
                  seed: int = 0) -> list[nn.Module]:
     """`n` blocks Linear(width, width) → ReLU → `Delay`: a model whose every block takes a known
     time per sample, to cut into pipeline stages. Weights are seeded (same on every rank)."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"delay_blocks: n (number of blocks) must be an int >= 1, got {n!r}")
+    check_int("delay_blocks", "n", n, hint="number of blocks")
     gen = torch.Generator().manual_seed(seed)
     blocks = []
     for _ in range(n):

@@ -7,21 +7,19 @@ count fits a model on a cluster, and how fast each is predicted to be.
     table.head()                                                  # dp, tp, pp, memory, step, MFU
     planner.predict("gpt2-small", dgx.with_gpus(8), planner.Layout(dp=8), global_batch=64)
 
-Pure functions over `toolkit.memory` (bytes), `toolkit.cost` (α-β links), `toolkit.flops`
-(FLOPs) and `toolkit.pipeline` (bubble); only `measure` starts ranks, to set the model against
-a real run on this machine.
+Pure functions over `toolkit.memory` (bytes), `toolkit.cost` (α-β links and the pipeline
+bubble, `toolkit.cost.bubble`) and `toolkit.flops` (FLOPs); nothing here starts a process. The
+model set against a real run on this machine is `toolkit.experiments.planner`.
 
 ==========  =====================================================================================
 module      holds
 ==========  =====================================================================================
 `cluster`   `Cluster` (GPUs per node, memory, intra/inter-node α-β, peak), presets `CLUSTERS`,
             `cluster(name, nodes=)`, `laptop(link=, peak_flops=)` for CPU ranks
-`layout`    `Layout` (dp, tp, pp, cp, ZeRO stage, micro-batches, recompute), the rank grid
+`layout`    `Layout` (dp, tp, pp, cp, ZeRO stage, micro-batches, recompute, attention), the grid
             (`coords`, `groups`, `span`), `AXES`
-`plan`      `predict` (one layout: memory parts, time parts, MFU), `layouts` (enumerate),
+`plan`      `predict` (one layout: memory parts, time parts, MFU, HFU), `layouts` (enumerate),
             `plan` (predict all, rank), `as_shape`, `EFFICIENCY`
-`measure`   real steps of TinyGPT on CPU ranks under a layout (dp and tp), the laptop's
-            FLOP/s and α-β, for predicted-vs-measured tables
 ==========  =====================================================================================
 """
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..arguments import check_int, check_ints, check_positives
 from ..cost import AlphaBeta
 from ..flops import A100_BF16, H100_SXM_BF16
 from ..memory import GiB
@@ -49,14 +50,8 @@ class Cluster:
     """Where the numbers come from."""
 
     def __post_init__(self) -> None:
-        for field in ("gpus_per_node", "nodes"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Cluster: {field} must be an int >= 1, got {value!r}")
-        for field in ("memory_bytes", "peak_flops"):
-            value = getattr(self, field)
-            if not (isinstance(value, (int, float)) and value > 0):
-                raise ValueError(f"Cluster: {field} must be a number > 0, got {value!r}")
+        check_ints("Cluster", gpus_per_node=self.gpus_per_node, nodes=self.nodes)
+        check_positives("Cluster", memory_bytes=self.memory_bytes, peak_flops=self.peak_flops)
         for field in ("intra", "inter"):
             link = getattr(self, field)
             if not isinstance(link, AlphaBeta) or link.alpha < 0 or link.beta < 0:
@@ -71,8 +66,7 @@ class Cluster:
     def with_gpus(self, n: int) -> "Cluster":
         """The same cluster with `n` accelerators: whole nodes, or part of one node when
         n < gpus_per_node (then every link is the intra-node one)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"Cluster.with_gpus: n must be an int >= 1, got {n!r}")
+        check_int("Cluster.with_gpus", "n", n)
         if n < self.gpus_per_node:
             return dataclasses.replace(self, gpus_per_node=n, nodes=1)
         if n % self.gpus_per_node:
@@ -121,6 +115,6 @@ def laptop(*, link: AlphaBeta, peak_flops: float, ranks: int = 4,
            memory_bytes: float = 2 * GiB) -> Cluster:
     """CPU ranks on this machine as a one-node cluster: `link` from `toolkit.cost.fit_alpha_beta`
     over a small sweep, `peak_flops` the FLOP/s one rank gets while all of them compute (a
-    matmul timing, `toolkit.planner.measure`), `memory_bytes` a share of RAM per rank."""
+    matmul timing, `toolkit.experiments.planner`), `memory_bytes` a share of RAM per rank."""
     return Cluster("laptop (measured)", ranks, memory_bytes, intra=link, inter=link,
                    peak_flops=peak_flops, source="measured on this machine")

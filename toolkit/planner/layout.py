@@ -1,6 +1,6 @@
 """One way to lay a training run over ranks: dp × tp × pp × cp, a ZeRO stage, micro-batches.
 
-Four axes, one per dimension of the work (lesson 09): the batch splits over data-parallel ranks
+Four axes, one per dimension of the work (lesson 14): the batch splits over data-parallel ranks
 (dp), the sequence over context-parallel ranks (cp), the layers over pipeline stages (pp), the
 hidden dimension over tensor-parallel ranks (tp). Their product is the world size, which
 `Layout.check` asserts (as torchtitan's `ParallelDims._validate` does).
@@ -20,11 +20,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from ..arguments import check_ints, is_int
+from ..memory import ATTENTION, RECOMPUTE
+
 __all__ = ["AXES", "Layout"]
 
 AXES = ("pp", "dp", "cp", "tp")
 """Axes of the rank grid, outermost first."""
-_RECOMPUTE = ("none", "full")
+_LABEL = {"none": "", "selective": " sel", "full": " rc"}  # recompute policy in `label()`
 
 
 @dataclass(frozen=True)
@@ -44,20 +47,25 @@ class Layout:
     micro_batches: int = 1
     """m: micro-batches per step (pipeline micro-batches, or gradient accumulation at pp = 1)."""
     recompute: str = "none"
-    """Activation recomputation: "none" or "full" (every layer keeps only its input)."""
+    """Activation recomputation: "none", "selective" (the attention core, Korthikanti §5) or
+    "full" (every layer keeps only its input)."""
+    attention: str = "materialised"
+    """"materialised" (the s×s scores kept for backward) or "flash" (none kept: FlashAttention,
+    or ring attention's online softmax)."""
     sequence_parallel: bool = True
     """With tp > 1, keep LayerNorm/dropout activations split along the sequence (Korthikanti)."""
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "cp", "micro_batches"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Layout: {name} must be an int >= 1, got {value!r}")
-        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+        check_ints("Layout", dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp,
+                   micro_batches=self.micro_batches)
+        if not is_int(self.zero) or self.zero not in (0, 1, 2, 3):
             raise ValueError(f"Layout: zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
-        if self.recompute not in _RECOMPUTE:
-            raise ValueError(f"Layout: recompute must be one of {_RECOMPUTE}, "
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"Layout: recompute must be one of {RECOMPUTE}, "
                              f"got {self.recompute!r}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"Layout: attention must be one of {ATTENTION}, "
+                             f"got {self.attention!r}")
 
     @property
     def world_size(self) -> int:
@@ -122,7 +130,8 @@ class Layout:
         return span
 
     def label(self) -> str:
-        """Short text, e.g. "dp4·tp2·pp1 z1 m8"."""
+        """Short text, e.g. "dp4·tp2·pp1 z1 m8" (then " rc" for full recomputation, " sel" for
+        selective, " flash" for flash-style attention)."""
         cp = f"·cp{self.cp}" if self.cp > 1 else ""
-        rc = " rc" if self.recompute == "full" else ""
+        rc = _LABEL[self.recompute] + (" flash" if self.attention == "flash" else "")
         return f"dp{self.dp}·tp{self.tp}·pp{self.pp}{cp} z{self.zero} m{self.micro_batches}{rc}"

@@ -1,39 +1,45 @@
 """Predict memory per GPU and step time of a parallel layout, enumerate layouts, rank them.
 
 For a transformer (L layers, hidden h, a heads, vocabulary V), a global batch of B sequences of
-s tokens, a `Layout` (dp, tp, pp, cp, ZeRO stage, m micro-batches of b = B/(dp·m) sequences)
-and a `Cluster`:
+s tokens, a `Layout` (dp, tp, pp, cp, ZeRO stage, m micro-batches of b = B/(dp·m) sequences,
+recompute policy, attention kind) and a `Cluster`:
 
 Memory of the busiest GPU (the first pipeline stage, which also holds the embeddings):
 
     states       model_state_bytes(Ψ_stage / tp, n_d = dp·cp, stage)     ZeRO §5 (toolkit.memory)
-    activations  (L/pp) · act(s/cp, b, tp, sp, recompute) · min(pp, m)   Korthikanti et al. 2022;
-                 + one layer's full activations when recomputing          1F1B holds min(p, m)
+    activations  (L/pp) · act(s, cp, b, tp, sp, recompute, attention)    Korthikanti et al. 2022,
+                 · min(pp, m)                                             Table 2; 1F1B holds
+                 + full recompute: one layer's activations (rerun)        min(p, m) micro-batches
+                 + selective: one layer's scores (rerun)
     buffers      ZeRO-3: two layers' gathered 16-bit parameters (the one running, the prefetch)
 
-with Ψ_stage = Ψ at pp = 1, else (L/pp)·(12h² + 13h) + V·h + s·h. Allocator fragmentation and
-temporary buffers are left out (ZeRO §6.3: keep ~30 % headroom when a fit is marginal).
+with Ψ_stage = Ψ at pp = 1, else (L/pp)·(12h² + 13h) + V·h + s·h. `act` charges a rank s/cp
+queries against all s keys (scores linear in cp; none with flash-style attention). Allocator
+fragmentation and temporary buffers are left out (ZeRO §6.3: keep ~30 % headroom).
 
 Step time, α-β links of the cluster (`toolkit.cost.predict`, ring algorithms):
 
     compute  = hardware FLOPs / world / (peak · efficiency)        toolkit.flops: 6N + 12·L·h·s
-                                                                   per token; 8N + 16Lhs recomputing
+                                                                   per token; + recomputation
     slot     = compute/m                              one micro-batch through one stage
                + (L/pp) · (4 or 6) · AR_tp(b·s/cp·h·2 B)   Megatron: 2 all-reduces forward, 2
-                                                           back (+2 in a recomputed forward)
+                                                           back (+2 in a fully recomputed forward)
                + (L/pp) · 3(cp−1) · p2p(2·b·s/cp·h/tp·2 B) ring attention: K, V; dK, dV
                + 2 · p2p(b·s/cp·h/tp · 2 B)                activation out, its gradient back
     pipeline = (m + pp − 1) · slot                         1F1B/GPipe: bubble (pp − 1)·slot,
                                                            (p − 1)/(m + p − 1) of the time
     dp       = AR_dp(G)  (ZeRO 0), RS(G) + AG(P) (ZeRO 1-2), 2·AG(P) + RS(G) (ZeRO 3), over the
                dp·cp ranks holding the same weights; G, P: this GPU's gradient and parameter bytes
-    step     = pipeline + dp;     MFU = model FLOPs / (step · world · peak)     (PaLM, app. B)
+    step     = pipeline + dp
+    MFU      = model FLOPs / (step · world · peak)                 (PaLM, app. B)
+    HFU      = hardware FLOPs (recomputation counted) / (step · world · peak)
 
-Nothing overlaps in this model (DDP hides much of `dp` behind backward; ring attention hides
-its sends behind attention), so predicted times are upper bounds, comparable between layouts.
-A group uses the intra-node link when its ranks lie in one node (`Layout.span`), else the
-inter-node link. Source of the method: Narayanan et al., SC 2021, §3 (the same terms, reasoned
-about one at a time).
+FlashAttention's own recomputation of q·kᵀ in its backward (2·L·h·s FLOPs per token, 0.5 % of
+GPT-3's step) is left out of the compute. Nothing overlaps in this model (DDP hides much of `dp`
+behind backward; ring attention hides its sends behind attention), so predicted times are upper
+bounds, comparable between layouts. A group uses the intra-node link when its ranks lie in one
+node (`Layout.span`), else the inter-node link. Source of the method: Narayanan et al., SC 2021,
+§3 (the same terms, reasoned about one at a time).
 """
 
 from __future__ import annotations
@@ -44,11 +50,12 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from .. import cost
+from ..arguments import check_ints
 from ..flops import step_flops
-from ..memory import GiB, MIXED_ADAM, ModelShape, Recipe, model_shape, model_state_bytes
-from ..memory import activation_bytes_per_layer
+from ..memory import ATTENTION, RECOMPUTE, GiB, MIXED_ADAM, ModelShape, Recipe, model_shape
+from ..memory import activation_bytes_per_layer, model_state_bytes
 from ..models import GPTConfig, gpt_param_count
-from ..pipeline import bubble_fraction, peak_activations
+from ..cost.bubble import bubble_fraction, peak_activations
 from .cluster import Cluster
 from .layout import Layout
 
@@ -57,7 +64,8 @@ __all__ = ["EFFICIENCY", "Prediction", "as_shape", "divisors", "layouts", "plan"
 
 EFFICIENCY = 0.5
 """Assumed fraction of peak FLOP/s the matmuls reach (an assumption, not a measurement:
-Megatron-LM reports 44-52 % of A100 peak at scale, Narayanan et al. 2021, Table 1)."""
+Megatron-LM reports 44-52 % of A100 peak at scale, Narayanan et al. 2021, Table 1, counting
+the recomputed forward as work done: hardware FLOPs, not model FLOPs)."""
 
 
 def as_shape(model: ModelShape | GPTConfig | str) -> ModelShape:
@@ -125,7 +133,10 @@ class Prediction:
     model_flops: float
     """FLOPs of one step as the model counts them (6N + 12·L·h·s per token), all GPUs."""
     mfu: float
-    """model_flops / (step · world · peak)."""
+    """model_flops / (step · world · peak): model FLOPs utilisation."""
+    hfu: float
+    """Hardware FLOPs (recomputation included) / (step · world · peak); equals mfu without
+    recomputation."""
     tokens_per_s: float
     """B·s / step."""
 
@@ -148,9 +159,7 @@ def predict(model: ModelShape | GPTConfig | str, cluster: Cluster, layout: Layou
     s = shape.seq_len if seq_len is None else seq_len
     layout.check(cluster.world_size)
     d = layout
-    for name, value in (("global_batch", global_batch), ("seq_len", s)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"predict: {name} must be an int >= 1, got {value!r}")
+    check_ints("predict", global_batch=global_batch, seq_len=s)
     if not 0 < efficiency <= 1:
         raise ValueError(f"predict: efficiency must be in (0, 1], got {efficiency!r}")
     for what, n, k in (("heads", shape.heads, d.tp), ("layers", shape.layers, d.pp),
@@ -166,13 +175,16 @@ def predict(model: ModelShape | GPTConfig | str, cluster: Cluster, layout: Layou
     # Memory of the first stage.
     params = stage_params(shape, d.pp) / d.tp
     states = model_state_bytes(params, d.dp * d.cp, d.zero, recipe).total
-    act_kw = dict(seq_len=s_local, batch=b, hidden=h, heads=shape.heads, tensor_parallel=d.tp,
-                  sequence_parallel=sp)
+    act_kw = dict(seq_len=s, batch=b, hidden=h, heads=shape.heads, tensor_parallel=d.tp,
+                  sequence_parallel=sp, context_parallel=d.cp, attention=d.attention)
     per_layer = activation_bytes_per_layer(**act_kw, recompute=d.recompute)
     in_flight = peak_activations("1f1b", p=d.pp, m=d.micro_batches)
     acts = layers * per_layer * in_flight
+    plain = activation_bytes_per_layer(**act_kw, recompute="none")
     if d.recompute == "full":  # backward reruns one layer at a time: its internals come back
-        acts += activation_bytes_per_layer(**act_kw, recompute="none")
+        acts += plain
+    elif d.recompute == "selective":  # ... or one layer's attention core: its scores come back
+        acts += plain - per_layer
     layer_params = (12 * h * h + 13 * h) / d.tp
     buffers = 2 * layer_params * recipe.param_bytes if d.zero == 3 else 0.0
     total = states + acts + buffers
@@ -207,6 +219,7 @@ def predict(model: ModelShape | GPTConfig | str, cluster: Cluster, layout: Layou
         bubble=(d.pp - 1) * slot, bubble_fraction=bubble_fraction("1f1b", p=d.pp, m=m),
         dp_comm=dp_comm, step=step, model_flops=flops["model"],
         mfu=flops["model"] / (step * world * cluster.peak_flops),
+        hfu=flops["hardware"] / (step * world * cluster.peak_flops),
         tokens_per_s=global_batch * s / step)
 
 
@@ -235,11 +248,11 @@ def divisors(n: int) -> list[int]:
 
 def layouts(shape: ModelShape, cluster: Cluster, *, global_batch: int, seq_len: int,
             zero_stages=(0, 1, 2, 3), micro_batches=None, recompute=("none", "full"),
-            cp=(1,)) -> list[Layout]:
+            cp=(1,), attention=("materialised",)) -> list[Layout]:
     """Every layout worth predicting: tp inside a node dividing the heads, pp dividing the
     layers, cp dividing the sequence, dp the rest of the world, m micro-batches with B divisible
     by dp·m (every such m when `micro_batches` is None, else those listed); each with every
-    ZeRO stage and recompute choice given."""
+    ZeRO stage, recompute policy and attention kind given."""
     world, out = cluster.world_size, []
     tps = [t for t in divisors(cluster.gpus_per_node) if shape.heads % t == 0]
     for tp, pp, c in itertools.product(tps, divisors(shape.layers), cp):
@@ -249,10 +262,10 @@ def layouts(shape: ModelShape, cluster: Cluster, *, global_batch: int, seq_len: 
         if global_batch % dp:
             continue
         ms = divisors(global_batch // dp) if micro_batches is None else micro_batches
-        for m, z, rc in itertools.product(ms, zero_stages, recompute):
+        for m, z, rc, att in itertools.product(ms, zero_stages, recompute, attention):
             if global_batch % (dp * m) == 0 and not (z > 0 and dp * c == 1):
                 out.append(Layout(dp=dp, tp=tp, pp=pp, cp=c, zero=z, micro_batches=m,
-                                  recompute=rc))
+                                  recompute=rc, attention=att))
     return out
 
 
@@ -260,11 +273,12 @@ def plan(model: ModelShape | GPTConfig | str, cluster: Cluster, *, global_batch:
          seq_len: int | None = None, recipe: Recipe = MIXED_ADAM,
          efficiency: float = EFFICIENCY, elem_bytes: int = 2, **choices) -> pd.DataFrame:
     """Predict every layout of `layouts` (keyword `choices` narrow it: zero_stages,
-    micro_batches, recompute, cp) and rank them: layouts that fit first, fastest first, equal
-    times broken toward the simpler layout (lower ZeRO stage, fewer micro-batches).
+    micro_batches, recompute, cp, attention) and rank them: layouts that fit first, fastest
+    first, equal times broken toward the simpler layout (lower ZeRO stage, fewer micro-batches,
+    less recomputation, materialised attention).
 
     One row per layout: its degrees, micro-batch size b, memory parts in GiB, the time parts in
-    seconds, step time, MFU and tokens/s; `layout` holds the `Layout` itself.
+    seconds, step time, MFU, HFU and tokens/s; `layout` holds the `Layout` itself.
     """
     shape = as_shape(model)
     s = shape.seq_len if seq_len is None else seq_len
@@ -276,12 +290,13 @@ def plan(model: ModelShape | GPTConfig | str, cluster: Cluster, *, global_batch:
         rows.append({"config": d.label(), "dp": d.dp, "tp": d.tp, "pp": d.pp, "cp": d.cp,
                      "zero": d.zero, "m": d.micro_batches,
                      "b": global_batch // (d.dp * d.micro_batches), "recompute": d.recompute,
+                     "attention": d.attention,
                      **{f"{k}_GiB": fields[k] / GiB for k in ("states", "activations",
                                                               "buffers")},
                      "memory_GiB": p.memory / GiB, "fits": p.fits,
                      **{k: fields[k] for k in ("compute", "tp_comm", "cp_comm", "pp_comm",
                                                "bubble", "dp_comm", "step", "bubble_fraction",
-                                               "mfu", "tokens_per_s")},
+                                               "mfu", "hfu", "tokens_per_s")},
                      "layout": d})
     if not rows:
         raise ValueError(f"plan: no layout of {shape.name} fits the constraints on "
@@ -289,10 +304,11 @@ def plan(model: ModelShape | GPTConfig | str, cluster: Cluster, *, global_batch:
     table = pd.DataFrame(rows)
     # Equal times (ZeRO 0-2 move the same bytes; micro-batches cost nothing extra at pp = 1 in
     # this model, though small ones run less efficiently on a real GPU) go to the simpler
-    # layout: lower ZeRO stage, fewer micro-batches, no recomputation. Times are compared to 9
-    # significant digits so that float rounding does not decide.
+    # layout: lower ZeRO stage, fewer micro-batches, less recomputation, plain attention. Times
+    # are compared to 9 significant digits so that float rounding does not decide.
     key = table.assign(_t=table.step.map(lambda t: float(f"{t:.9g}")),
-                       _rc=table.recompute != "none")
-    order = key.sort_values(["fits", "_t", "zero", "m", "_rc"],
-                            ascending=[False, True, True, True, True], kind="stable").index
+                       _rc=table.recompute.map(RECOMPUTE.index),
+                       _fa=table.attention.map(ATTENTION.index))
+    order = key.sort_values(["fits", "_t", "zero", "m", "_rc", "_fa"],
+                            ascending=[False, True, True, True, True, True], kind="stable").index
     return table.loc[order].reset_index(drop=True)

@@ -57,19 +57,21 @@ class ParallelMLP(nn.Module):
         group: the tensor-parallel process group; None is the whole world.
         sequence_parallel: input and output are ``(b, s/p, h)`` (Korthikanti et al., 2022).
         seed: the layers draw their full weights from ``seed`` and ``seed + 1``.
+        device: where the parameters live (None: torch's default device).
     """
 
     def __init__(self, d_model: int, d_ff: int, *, bias: bool = True,
                  activation: nn.Module | None = None, group: Any = None,
-                 sequence_parallel: bool = False, seed: int = 0) -> None:
+                 sequence_parallel: bool = False, seed: int = 0,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         _check_features("ParallelMLP", d_model=d_model, d_ff=d_ff)
         # Checked here so that the error names d_ff, not up_proj's out_features.
         divide(d_ff, group_rank_size(group)[1], "ParallelMLP: d_ff")
-        self.up_proj = ColumnParallelLinear(d_model, d_ff, bias, group=group,
+        self.up_proj = ColumnParallelLinear(d_model, d_ff, bias, group=group, device=device,
                                             sequence_parallel=sequence_parallel, seed=seed)
         self.act = activation if activation is not None else nn.GELU()
-        self.down_proj = RowParallelLinear(d_ff, d_model, bias, group=group,
+        self.down_proj = RowParallelLinear(d_ff, d_model, bias, group=group, device=device,
                                            sequence_parallel=sequence_parallel, seed=seed + 1)
 
     @classmethod
@@ -129,10 +131,12 @@ class ParallelSelfAttention(nn.Module):
         group: the tensor-parallel process group; None is the whole world.
         sequence_parallel: input and output are sharded along the sequence.
         seed: the projections draw their full weights from ``seed`` ... ``seed + 3``.
+        device: where the parameters live (None: torch's default device).
     """
 
     def __init__(self, d_model: int, n_head: int, *, bias: bool = True, group: Any = None,
-                 sequence_parallel: bool = False, seed: int = 0) -> None:
+                 sequence_parallel: bool = False, seed: int = 0,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         _check_features("ParallelSelfAttention", d_model=d_model, n_head=n_head)
         if d_model % n_head != 0:
@@ -143,11 +147,12 @@ class ParallelSelfAttention(nn.Module):
         self.n_head, self.head_dim = n_head, d_model // n_head
         self.n_head_per_rank = divide(n_head, tp, "ParallelSelfAttention: n_head")
         # copy_input=False: forward applies f (or the sequence all-gather) once for q, k and v.
-        kw = dict(group=group, copy_input=False, sequence_parallel=sequence_parallel)
+        kw = dict(group=group, copy_input=False, sequence_parallel=sequence_parallel,
+                  device=device)
         self.q_proj = ColumnParallelLinear(d_model, d_model, bias, seed=seed, **kw)
         self.k_proj = ColumnParallelLinear(d_model, d_model, bias, seed=seed + 1, **kw)
         self.v_proj = ColumnParallelLinear(d_model, d_model, bias, seed=seed + 2, **kw)
-        self.out_proj = RowParallelLinear(d_model, d_model, bias, group=group,
+        self.out_proj = RowParallelLinear(d_model, d_model, bias, group=group, device=device,
                                           sequence_parallel=sequence_parallel, seed=seed + 3)
 
     @classmethod

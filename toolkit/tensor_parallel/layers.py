@@ -17,7 +17,10 @@ size, the group size and the rule (see `sharding.divide`). Uneven shards are not
 Initialisation matches Megatron's CPU path: every rank draws the *full* dense weight from a
 local generator seeded with ``seed`` (as `toolkit.models` does: uniform ±1/√in, PyTorch's
 default for Linear) and keeps its slice, so the assembled layer is the same at every group size.
-`from_dense` instead slices an existing `nn.Linear`.
+The draw happens on the CPU and the slice is copied onto the parameters' ``device`` (as for
+`nn.Linear`, None means torch's default device, so ``with torch.device("meta")`` works), which
+gives a GPU rank bitwise the CPU reference's weights. `from_dense` instead slices an existing
+`nn.Linear` (its shards stay on the dense layer's device).
 """
 
 from __future__ import annotations
@@ -82,11 +85,13 @@ class ColumnParallelLinear(nn.Module):
         sequence_parallel: the input is sharded along the sequence, ``(b, s/p, h)``
             (Korthikanti et al., 2022); it is all-gathered instead of copied.
         seed: seed of the full weight drawn before slicing (see the module docstring).
+        device: where the shard's parameters live (None: torch's default device).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  group: Any = None, gather_output: bool = False, copy_input: bool = True,
-                 sequence_parallel: bool = False, seed: int = 0) -> None:
+                 sequence_parallel: bool = False, seed: int = 0,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         _check_features("ColumnParallelLinear", in_features=in_features, out_features=out_features)
         if gather_output and sequence_parallel:
@@ -98,8 +103,10 @@ class ColumnParallelLinear(nn.Module):
                                             "ColumnParallelLinear: out_features")
         self.gather_output, self.copy_input = gather_output, copy_input
         self.sequence_parallel = sequence_parallel
-        self.weight = nn.Parameter(torch.empty(self.out_features_per_rank, in_features))
-        self.bias = nn.Parameter(torch.empty(self.out_features_per_rank)) if bias else None
+        self.weight = nn.Parameter(torch.empty(self.out_features_per_rank, in_features,
+                                               device=device))
+        self.bias = (nn.Parameter(torch.empty(self.out_features_per_rank, device=device))
+                     if bias else None)
         self.reset_parameters(seed)
 
     def reset_parameters(self, seed: int = 0) -> None:
@@ -165,11 +172,13 @@ class RowParallelLinear(nn.Module):
             The bias is then added to this rank's positions only, so its gradient covers them
             only: call `sync_sequence_parallel_grads` after backward.
         seed: seed of the full weight drawn before slicing (see the module docstring).
+        device: where the parameters live (None: torch's default device).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  group: Any = None, input_is_parallel: bool = True,
-                 sequence_parallel: bool = False, seed: int = 0) -> None:
+                 sequence_parallel: bool = False, seed: int = 0,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         _check_features("RowParallelLinear", in_features=in_features, out_features=out_features)
         if sequence_parallel and not input_is_parallel:
@@ -180,9 +189,10 @@ class RowParallelLinear(nn.Module):
         self.in_features_per_rank = divide(in_features, self.tp_size,
                                            "RowParallelLinear: in_features")
         self.input_is_parallel, self.sequence_parallel = input_is_parallel, sequence_parallel
-        self.weight = nn.Parameter(torch.empty(out_features, self.in_features_per_rank))
+        self.weight = nn.Parameter(torch.empty(out_features, self.in_features_per_rank,
+                                               device=device))
         # Not split: every rank holds the whole bias and adds it after the reduction.
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.bias = nn.Parameter(torch.empty(out_features, device=device)) if bias else None
         self.reset_parameters(seed)
 
     def reset_parameters(self, seed: int = 0) -> None:

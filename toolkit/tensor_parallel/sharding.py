@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..arguments import check_ints
+
 __all__ = ["divide", "group_rank_size", "shard"]
 
 
@@ -57,9 +59,8 @@ def shard(tensor: Tensor, dim: int, *, group: Any = None, what: str = "size") ->
 
 
 def _check_features(owner: str, **sizes: int) -> None:
-    for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
+    """Layer sizes: ints >= 1 (`toolkit.arguments.check_ints`)."""
+    check_ints(owner, expected="a positive int", **sizes)
 
 
 def _contiguous_copy(t: Tensor) -> Tensor:

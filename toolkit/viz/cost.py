@@ -7,8 +7,8 @@ helpers of the model's answers sit beside them: `fastest` (which algorithm wins 
 
 The model (Hockney; Thakur, Rabenseifner & Gropp, IJHPCA 2005) is `toolkit.cost`'s
 t = a(p)·α + b(p)·n·β; these functions only draw it. Measured tables are what
-`toolkit.cost.measure` returns (columns collective, algorithm, p, nbytes, seconds, busbw). Pure
-functions: data in, plotly figure out; no processes, no widgets.
+`toolkit.experiments.collectives.measure` returns (columns collective, algorithm, p, nbytes,
+seconds, busbw). Pure functions: data in, plotly figure out; no processes, no widgets.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from plotly.subplots import make_subplots
 from .. import cost
 from ..cost import AlphaBeta, Fit
 from ..cost.choose import check_algorithms, check_p_link, fastest, human_bytes, switch_points
+from ..cost.models import algorithms as modelled_algorithms
 
 # One colour per algorithm name in every figure of the course (the built-in in grey).
 _COLORS = {"ring": "#1f77b4", "ps": "#d62728", "sharded_ps": "#ff7f0e", "tree": "#2ca02c",
@@ -40,15 +41,16 @@ def _color(name: str, extra: dict[str, str]) -> str:
 def _table(table: Any, name: str, collective: str | None, need: Iterable[str]):
     """The rows of one collective, checked: a DataFrame with the columns `need`."""
     if not hasattr(table, "columns"):
-        raise TypeError(f"{name}: expected the DataFrame from toolkit.cost.measure, "
-                        f"got {type(table).__name__}")
+        raise TypeError(f"{name}: expected the DataFrame from "
+                        f"toolkit.experiments.collectives.measure, got {type(table).__name__}")
     missing = ({"collective", "algorithm", "p", "nbytes"} | set(need)) - set(table.columns)
     if missing:
         raise ValueError(f"{name}: the table lacks columns {sorted(missing)}")
     if collective is not None:
         table = table[table.collective == collective]
     if table.empty:
-        raise ValueError(f"{name}: no rows to draw" + (f" for {collective!r}" if collective else ""))
+        where = f" for {collective!r}" if collective else ""
+        raise ValueError(f"{name}: no rows to draw{where}")
     kinds = sorted(set(table.collective))
     if len(kinds) > 1:
         raise ValueError(f"{name}: the table mixes collectives {kinds}; pass collective=... "
@@ -82,6 +84,15 @@ def _panels(ps: Sequence[int], sizes: Any, *, title: str, y_title: str,
     fig.update_layout(title=title, height=420, legend_title_text="algorithm",
                       margin=dict(l=70, r=20, t=80, b=50))
     return fig
+
+
+def _series(df: Any, ps: Sequence[int]):
+    """(panel column, p, algorithm, its rows sorted by size) for every non-empty series."""
+    for col, p in enumerate(ps, start=1):
+        for alg in dict.fromkeys(df.algorithm):
+            rows = df[(df.algorithm == alg) & (df.p == p)].sort_values("nbytes")
+            if not rows.empty:
+                yield col, p, alg, rows
 
 
 def _link_of(fits: Any, algorithm: str, p: int) -> AlphaBeta | None:
@@ -129,34 +140,31 @@ def cost_curves(table: Any, fits: Any = None, *, collective: str | None = None,
     _check_fits(fits, set(algorithms), collective, "cost_curves")
     ps = sorted(int(p) for p in set(df.p))
     fig = _panels(ps, df.nbytes, y_title="time per call (ms)", y_log=True, title=title or (
-        f"{collective}: measured time per call" + ("; dotted: α-β model" if fits is not None else "")))
+        f"{collective}: measured time per call"
+        + ("; dotted: α-β model" if fits is not None else "")))
     extra: dict[str, str] = {}
-    modelled = set(cost.COEFFICIENTS[collective])
-    for col, p in enumerate(ps, start=1):
-        for alg in algorithms:
-            rows = df[(df.algorithm == alg) & (df.p == p)].sort_values("nbytes")
-            if rows.empty:
-                continue
-            color = _color(alg, extra)
-            busbw = rows.busbw / 1e9 if "busbw" in rows else [float("nan")] * len(rows)
-            fig.add_trace(go.Scatter(
-                x=rows.nbytes, y=rows.seconds * _MS, mode="lines+markers", name=alg,
-                legendgroup=alg, showlegend=col == 1, line=dict(color=color),
-                customdata=[[human_bytes(n), b] for n, b in zip(rows.nbytes, busbw)],
-                hovertemplate=(f"<b>{alg}</b>, p={p}<br>%{{customdata[0]}}: %{{y:.3f}} ms"
-                               "<br>busbw %{customdata[1]:.2f} GB/s<extra>measured</extra>")),
-                row=1, col=col)
-            link = _link_of(fits, alg, p) if alg in modelled else None
-            if link is None:
-                continue
-            grid = np.geomspace(rows.nbytes.min(), rows.nbytes.max(), 60)
-            fig.add_trace(go.Scatter(
-                x=grid, y=cost.predict(collective, alg, grid, p, link) * _MS, mode="lines",
-                name=f"{alg} model", legendgroup=alg, showlegend=False,
-                line=dict(color=color, dash="dot", width=2),
-                hovertemplate=(f"<b>{alg} model</b>, p={p}<br>{link}<br>"
-                               "%{x:.3s} B: %{y:.3f} ms<extra>α-β model</extra>")),
-                row=1, col=col)
+    modelled = set(modelled_algorithms(collective))  # the sliced ring draws the ring's model
+    for col, p, alg, rows in _series(df, ps):
+        color = _color(alg, extra)
+        busbw = rows.busbw / 1e9 if "busbw" in rows else [float("nan")] * len(rows)
+        fig.add_trace(go.Scatter(
+            x=rows.nbytes, y=rows.seconds * _MS, mode="lines+markers", name=alg,
+            legendgroup=alg, showlegend=col == 1, line=dict(color=color),
+            customdata=[[human_bytes(n), b] for n, b in zip(rows.nbytes, busbw)],
+            hovertemplate=(f"<b>{alg}</b>, p={p}<br>%{{customdata[0]}}: %{{y:.3f}} ms"
+                           "<br>busbw %{customdata[1]:.2f} GB/s<extra>measured</extra>")),
+            row=1, col=col)
+        link = _link_of(fits, alg, p) if alg in modelled else None
+        if link is None:
+            continue
+        grid = np.geomspace(rows.nbytes.min(), rows.nbytes.max(), 60)
+        fig.add_trace(go.Scatter(
+            x=grid, y=cost.predict(collective, alg, grid, p, link) * _MS, mode="lines",
+            name=f"{alg} model", legendgroup=alg, showlegend=False,
+            line=dict(color=color, dash="dot", width=2),
+            hovertemplate=(f"<b>{alg} model</b>, p={p}<br>{link}<br>"
+                           "%{x:.3s} B: %{y:.3f} ms<extra>α-β model</extra>")),
+            row=1, col=col)
     return fig
 
 
@@ -181,22 +189,19 @@ def bus_bandwidth(table: Any, *, collective: str | None = None, peak: float | No
     fig = _panels(ps, df.nbytes, y_title="bus bandwidth (GB/s)", y_log=False, title=title or (
         f"{collective}: bus bandwidth = n / t × {_factor_text(collective)}"))
     extra: dict[str, str] = {}
-    for col, p in enumerate(ps, start=1):
-        for alg in dict.fromkeys(df.algorithm):
-            rows = df[(df.algorithm == alg) & (df.p == p)].sort_values("nbytes")
-            if rows.empty:
-                continue
-            fig.add_trace(go.Scatter(
-                x=rows.nbytes, y=rows.busbw / 1e9, mode="lines+markers", name=alg,
-                legendgroup=alg, showlegend=col == 1, line=dict(color=_color(alg, extra)),
-                customdata=[human_bytes(n) for n in rows.nbytes],
-                hovertemplate=f"<b>{alg}</b>, p={p}<br>%{{customdata}}: %{{y:.2f}} GB/s<extra></extra>"),
-                row=1, col=col)
-        if peak is not None:
-            label = dict(annotation_text=f"{peak / 1e9:.3g} GB/s",
-                         annotation_position="top left") if col == 1 else {}
-            fig.add_hline(y=peak / 1e9, line=dict(color="black", dash="dash", width=1),
-                          row=1, col=col, **label)
+    for col, p, alg, rows in _series(df, ps):
+        fig.add_trace(go.Scatter(
+            x=rows.nbytes, y=rows.busbw / 1e9, mode="lines+markers", name=alg,
+            legendgroup=alg, showlegend=col == 1, line=dict(color=_color(alg, extra)),
+            customdata=[human_bytes(n) for n in rows.nbytes],
+            hovertemplate=(f"<b>{alg}</b>, p={p}<br>%{{customdata}}: %{{y:.2f}} GB/s"
+                           "<extra></extra>")),
+            row=1, col=col)
+    for col in range(1, len(ps) + 1) if peak is not None else ():
+        label = dict(annotation_text=f"{peak / 1e9:.3g} GB/s",
+                     annotation_position="top left") if col == 1 else {}
+        fig.add_hline(y=peak / 1e9, line=dict(color="black", dash="dash", width=1),
+                      row=1, col=col, **label)
     return fig
 
 
@@ -287,14 +292,16 @@ def cost_terms(link: AlphaBeta, nbytes: float, ps: Sequence[int], *,
     share = [f"{la / (la + b):.0%}" if la + b > 0 else "—" for la, b in zip(lat, bw)]
     fig = go.Figure([
         go.Bar(x=labels, y=lat, name="latency a(p)·α", marker_color="#9467bd", customdata=share,
-               hovertemplate="p=%{x}: %{y:.4g} ms (%{customdata} of the total)<extra>latency</extra>"),
+               hovertemplate=("p=%{x}: %{y:.4g} ms (%{customdata} of the total)"
+                              "<extra>latency</extra>")),
         go.Bar(x=labels, y=bw, name="bandwidth b(p)·n·β", marker_color="#17becf",
                hovertemplate="p=%{x}: %{y:.4g} ms<extra>bandwidth</extra>"),
     ])
     fig.update_layout(
         barmode="stack", barnorm="percent" if share else None, height=400,
         legend_title_text="term",
-        title=title or f"{algorithm} {collective} of {human_bytes(nbytes)}: where the time goes ({link})",
+        title=title or (f"{algorithm} {collective} of {human_bytes(nbytes)}: "
+                        f"where the time goes ({link})"),
         xaxis=dict(title="world size p", type="category"),
         yaxis=dict(title="share of the predicted time (%)" if share
                    else "predicted time per call (ms)"),
@@ -325,11 +332,13 @@ def traffic_and_rounds(ps: Sequence[int], algorithms: Sequence[str] | None = Non
         rounds = [cost.coefficients(collective, alg, p)[0] for p in ps]
         fig.add_trace(go.Scatter(x=ps, y=sent, mode="lines", name=alg, legendgroup=alg,
                                  line=dict(color=color),
-                                 hovertemplate=f"<b>{alg}</b> p=%{{x}}: %{{y:.4g}}·n<extra>model</extra>"),
+                                 hovertemplate=(f"<b>{alg}</b> p=%{{x}}: %{{y:.4g}}·n"
+                                                "<extra>model</extra>")),
                       row=1, col=1)
         fig.add_trace(go.Scatter(x=ps, y=rounds, mode="lines", name=alg, legendgroup=alg,
                                  showlegend=False, line=dict(color=color),
-                                 hovertemplate=f"<b>{alg}</b> p=%{{x}}: %{{y}} rounds<extra></extra>"),
+                                 hovertemplate=(f"<b>{alg}</b> p=%{{x}}: %{{y}} rounds"
+                                                "<extra></extra>")),
                       row=1, col=2)
     if recorded is not None:
         need = {"algorithm", "p", "nbytes", "bytes_sent"}

@@ -137,7 +137,8 @@ def training_curves(curves: Mapping[str, Sequence[float]], *, title: str = "trai
         values = list(curves[name])
         fig.add_trace(go.Scatter(
             x=list(range(len(values))), y=values, mode="lines", name=name,
-            line=dict(dash="dash" if name in dashed else "solid", width=2.5 if name in dashed else 2,
+            line=dict(dash="dash" if name in dashed else "solid",
+                      width=2.5 if name in dashed else 2,
                       color=qualitative.Plotly[list(curves).index(name) % 10])))
     fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, height=360,
                       legend=dict(orientation="h", y=-0.2))

@@ -24,6 +24,7 @@ from typing import Iterable, Mapping, Sequence
 
 import plotly.graph_objects as go
 
+from ..arguments import check_int, check_ints, check_positive, check_positives
 from ..comm.events import Event
 from ..cost import AlphaBeta, predict
 
@@ -67,7 +68,8 @@ def overlap_timeline(trace: Iterable[Event], compute: Mapping[int, Sequence[tupl
             orientation="h", base=[(e.start - t0) * ms for e in mine],
             x=[(end - e.start) * ms for e, end in zip(mine, ends)],
             y=[f"rank {rank} all-reduce"] * len(mine),
-            marker=dict(color=_ALL_REDUCE, opacity=[0.55 + 0.45 * (i % 2) for i in range(len(mine))],
+            marker=dict(color=_ALL_REDUCE,
+                        opacity=[0.55 + 0.45 * (i % 2) for i in range(len(mine))],
                         line=dict(color="white", width=1)),
             name="all-reduce (one per bucket)", legendgroup="comm", showlegend=rank == ranks[0],
             text=[f"b{i}" for i in range(len(mine))], textposition="inside",
@@ -82,12 +84,6 @@ def overlap_timeline(trace: Iterable[Event], compute: Mapping[int, Sequence[tupl
     return fig
 
 
-def _check_positive(owner: str, **values: float) -> None:
-    for name, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ValueError(f"{owner}: {name} must be a number > 0, got {v!r}")
-
-
 def dp_step_time(p: int, *, batch: int, seconds_per_item: float, grad_bytes: float,
                  link: AlphaBeta, overlap: float = 0.0) -> dict[str, float]:
     """Seconds of one data-parallel step on ``p`` ranks for a global batch of ``batch`` items.
@@ -97,14 +93,11 @@ def dp_step_time(p: int, *, batch: int, seconds_per_item: float, grad_bytes: flo
     comm hidden behind backward, at most the compute time. Returns compute, comm, exposed comm
     and total. Raises ValueError when p > batch: a rank with no item has nothing to compute.
     """
-    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-        raise ValueError(f"dp_step_time: p must be an int >= 1, got {p!r}")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"dp_step_time: batch must be an int >= 1, got {batch!r}")
+    check_ints("dp_step_time", p=p, batch=batch)
     if p > batch:
         raise ValueError(f"dp_step_time: p = {p} ranks > batch = {batch} items: data parallelism "
                          "needs at least one item per rank (P <= B)")
-    _check_positive("dp_step_time", seconds_per_item=seconds_per_item, grad_bytes=grad_bytes)
+    check_positives("dp_step_time", seconds_per_item=seconds_per_item, grad_bytes=grad_bytes)
     if not 0.0 <= overlap <= 1.0:
         raise ValueError(f"dp_step_time: overlap must be in [0, 1], got {overlap!r}")
     compute = seconds_per_item * -(-batch // p)
@@ -114,7 +107,8 @@ def dp_step_time(p: int, *, batch: int, seconds_per_item: float, grad_bytes: flo
 
 
 def scaling_table(ps: Sequence[int], **kwargs) -> list[dict[str, float]]:
-    """`dp_step_time` for each p (those ≤ batch), with speedup T(1)/T(p) and efficiency speedup/p."""
+    """`dp_step_time` for each p (those ≤ batch), with speedup T(1)/T(p) and efficiency
+    speedup/p."""
     one = dp_step_time(1, **kwargs)["total"]
     rows = []
     for p in ps:
@@ -160,11 +154,9 @@ def stale_sgd(staleness: int, *, lr: float, steps: int,
     1 at k = 1, 0.445 at k = 3.
     Returns f(w_t) for t = 0..steps (inf once it overflows).
     """
-    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
-        raise ValueError(f"stale_sgd: staleness must be an int >= 0, got {staleness!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"stale_sgd: steps must be an int >= 1, got {steps!r}")
-    _check_positive("stale_sgd", lr=lr)
+    check_int("stale_sgd", "staleness", staleness, low=0)
+    check_int("stale_sgd", "steps", steps)
+    check_positive("stale_sgd", "lr", lr)
     h = [float(c) for c in curvatures]
     w = [1.0] * len(h) if start is None else [float(s) for s in start]
     if len(w) != len(h):

@@ -3,8 +3,8 @@ state and activations, per ZeRO stage (`memory_bars`, `stage_bars`), and measure
 real runs beside the prediction (`measured_vs_predicted`).
 
 The numbers come from `toolkit.memory` (ZeRO, SC 2020, §5; Korthikanti et al. 2022) or from
-`toolkit.memory.runs`; these functions only draw them. Pure functions: data in, plotly figure
-out; no processes, no widgets.
+`toolkit.experiments.memory`; these functions only draw them. Pure functions: data in, plotly
+figure out; no processes, no widgets.
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ def _stage_label(stage: int) -> str:
 def measured_vs_predicted(frame: Any, *, rank: int = 0, unit: str = "KB",
                           title: str = "") -> go.Figure:
     """Measured bytes of one rank beside the padded prediction, per method: pairs of stacked
-    bars from `toolkit.memory.runs.predicted_rows`. The x axis is (method, measured|predicted)."""
+    bars from `toolkit.experiments.memory.predicted_rows`. The x axis is (method,
+    measured|predicted)."""
     need = {"method", "rank", "params", "grads", "optimizer", "padded_params",
             "padded_grads", "padded_optimizer"}
     if not hasattr(frame, "columns") or need - set(frame.columns):

@@ -1,4 +1,4 @@
-"""Figures for planning N-D parallel runs (lesson 09): the rank grid of a layout, where a step's
+"""Figures for planning N-D parallel runs (lesson 14): the rank grid of a layout, where a step's
 time goes for the best layouts, memory against time for all of them, prediction against
 measurement.
 

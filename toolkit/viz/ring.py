@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import plotly.graph_objects as go
 
-from ..collectives import chunk_bounds
+from ..chunks import chunk_bounds
 from ..comm.events import Trace
 
 if TYPE_CHECKING:

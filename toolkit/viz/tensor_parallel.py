@@ -1,4 +1,4 @@
-"""Figures for tensor parallelism (lesson 08): how a matmul splits, what each layer sends, and
+"""Figures for tensor parallelism (lesson 12): how a matmul splits, what each layer sends, and
 when the link, not the arithmetic, sets the pace.
 
 * `matmul_split`: Y = X·A drawn as blocks, A split by columns or by rows over p ranks, every
@@ -8,7 +8,7 @@ when the link, not the arithmetic, sets the pace.
   the layer's gradients), by the ring's 2(p−1)/p rule.
 * `tp_time_view`: the α-β model (`toolkit.cost`) of those all-reduces against the layer's compute
   (`toolkit.flops`' 72·b·s·h²·(1 + s/6h) per layer), as the link's bandwidth varies, with a
-  sentence of verdict: the pure function behind lesson 08's explorer.
+  sentence of verdict: the pure function behind lesson 12's explorer.
 
 Pure functions: numbers in, plotly figure (and text) out; no processes, no widgets.
 """
@@ -70,9 +70,10 @@ def matmul_split(kind: str, p: int = 2, *, rows: str = "b·s", inner: str = "h",
                  f"A{i + 1}<br>({inner}, {outer}/{p})")
         y0 = ax0 + wa + gap
         for i in range(p):
-            _box(fig, y0 + i * wa / p, yx0, wa / p, hx, _RANK[i], f"Y{i + 1}<br>({rows}, {outer}/{p})")
-        title = (f"column split: Y_i = X·A_i on rank i, nothing to send forward "
-                 f"(backward: dX = Σ_i dY_i·A_iᵀ, an all-reduce)")
+            _box(fig, y0 + i * wa / p, yx0, wa / p, hx, _RANK[i],
+                 f"Y{i + 1}<br>({rows}, {outer}/{p})")
+        title = ("column split: Y_i = X·A_i on rank i, nothing to send forward "
+                 "(backward: dX = Σ_i dY_i·A_iᵀ, an all-reduce)")
     else:
         for i in range(p):
             _box(fig, i * wx / p, yx0, wx / p, hx, _RANK[i], f"X{i + 1}<br>({rows}, {inner}/{p})")

@@ -158,7 +158,8 @@ def timeline(trace: Iterable[Event], *, title: str | None = None,
         if xs:
             fig.add_trace(go.Scatter(
                 x=xs, y=ys, mode="lines+markers", name="message", text=text,
-                hovertemplate="%{text}<extra></extra>", line=dict(color="rgba(60,60,60,0.6)", width=1),
+                hovertemplate="%{text}<extra></extra>",
+                line=dict(color="rgba(60,60,60,0.6)", width=1),
                 marker=dict(symbol="arrow", angleref="previous", color="rgba(60,60,60,0.8)",
                             size=[0, 9, 0] * (len(xs) // 3))))
     if any(e.end is None for e in events):

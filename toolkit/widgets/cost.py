@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 from .. import viz
 from ..cost import AlphaBeta, Fit
 from ..cost import fastest, human_bytes
-from .base import show_in
+from .base import SliderExplorer
 
 P_CHOICES = tuple(2 ** k for k in range(1, 11))
 """World sizes the p slider offers: 2, 4, … 1024 (a log scale)."""
@@ -52,7 +52,8 @@ def cost_view(*, p: int, nbytes: float, alpha_us: float, bandwidth_gbs: float,
                               mark=nbytes)
     best, times = fastest(p, link, nbytes, algorithms, collective=collective)
     t_best = min(times.values())
-    others = ", ".join(f"{a} {t / t_best:.3g}×" for a, t in sorted(times.items(), key=lambda kv: kv[1])
+    others = ", ".join(f"{a} {t / t_best:.3g}×"
+                       for a, t in sorted(times.items(), key=lambda kv: kv[1])
                        if t > t_best * (1 + 1e-9))
     verdict = (f"<b>{human_bytes(nbytes)} on p = {p} ranks</b>: <b>{best}</b> is fastest, "
                f"{_seconds(t_best)}" + (f"; the others take {others} as long." if others else "."))
@@ -72,53 +73,36 @@ def _clamp(value: float, bounds: tuple[float, float]) -> float:
     return min(max(value, bounds[0]), bounds[1])
 
 
-class CostExplorer:
+class CostExplorer(SliderExplorer):
     """Sliders for p, n, α and 1/β over the α-β model's time per algorithm (`cost_view`).
 
-    Attributes: the sliders `p`, `nbytes`, `alpha_us`, `bandwidth_gbs`; `verdict` (HTML),
-    `output` (the figure's area), `widget` (the whole box) and `figure` (last drawn). Shown by
-    ending a cell with the explorer; setting a slider's ``.value`` in code redraws too.
+    Attributes: the sliders `p`, `nbytes`, `alpha_us`, `bandwidth_gbs`, and `SliderExplorer`'s
+    `verdict`, `output`, `widget`, `figure`. Shown by ending a cell with the explorer; setting a
+    slider's ``.value`` in code redraws too.
     """
 
     def __init__(self, link: AlphaBeta, *, p: int, nbytes: int, collective: str,
                  algorithms: Sequence[str] | None) -> None:
         self.collective, self.algorithms = collective, algorithms
         slow = dict(continuous_update=False, style={"description_width": "70px"})
-        self.p = W.SelectionSlider(options=[(str(c), c) for c in P_CHOICES],
-                                   value=_nearest(p, P_CHOICES), description="ranks p", **slow)
-        self.nbytes = W.SelectionSlider(options=[(human_bytes(c), c) for c in SIZE_CHOICES],
-                                        value=_nearest(nbytes, SIZE_CHOICES),
-                                        description="size n", **slow)
-        self.alpha_us = W.FloatLogSlider(
-            value=_clamp(link.alpha * 1e6, ALPHA_US), base=10, min=math.log10(ALPHA_US[0]),
-            max=math.log10(ALPHA_US[1]), step=0.05, readout_format=".1f",
-            description="α (µs)", **slow)
-        self.bandwidth_gbs = W.FloatLogSlider(
-            value=_clamp(link.bandwidth / 1e9, BANDWIDTH_GBS), base=10,
-            min=math.log10(BANDWIDTH_GBS[0]), max=math.log10(BANDWIDTH_GBS[1]), step=0.05,
-            readout_format=".2f", description="1/β (GB/s)", **slow)
-        self.verdict = W.HTML()
-        self.output = W.Output()
-        self.widget = W.VBox([W.HBox([self.p, self.nbytes]),
-                              W.HBox([self.alpha_us, self.bandwidth_gbs]),
-                              self.verdict, self.output])
-        self.figure: go.Figure | None = None
-        for control in (self.p, self.nbytes, self.alpha_us, self.bandwidth_gbs):
-            control.observe(self.redraw, names="value")
-        self.redraw()
+        super().__init__(
+            self._view, rows=[["p", "nbytes"], ["alpha_us", "bandwidth_gbs"]],
+            p=W.SelectionSlider(options=[(str(c), c) for c in P_CHOICES],
+                                value=_nearest(p, P_CHOICES), description="ranks p", **slow),
+            nbytes=W.SelectionSlider(options=[(human_bytes(c), c) for c in SIZE_CHOICES],
+                                     value=_nearest(nbytes, SIZE_CHOICES),
+                                     description="size n", **slow),
+            alpha_us=W.FloatLogSlider(
+                value=_clamp(link.alpha * 1e6, ALPHA_US), base=10, min=math.log10(ALPHA_US[0]),
+                max=math.log10(ALPHA_US[1]), step=0.05, readout_format=".1f",
+                description="α (µs)", **slow),
+            bandwidth_gbs=W.FloatLogSlider(
+                value=_clamp(link.bandwidth / 1e9, BANDWIDTH_GBS), base=10,
+                min=math.log10(BANDWIDTH_GBS[0]), max=math.log10(BANDWIDTH_GBS[1]), step=0.05,
+                readout_format=".2f", description="1/β (GB/s)", **slow))
 
-    def redraw(self, change: object = None) -> None:
-        """Recompute the view from the sliders and replace the figure in place."""
-        self.figure, self.verdict.value = cost_view(
-            p=self.p.value, nbytes=self.nbytes.value, alpha_us=self.alpha_us.value,
-            bandwidth_gbs=self.bandwidth_gbs.value, collective=self.collective,
-            algorithms=self.algorithms)
-        # Assigning `outputs` replaces the previous figure in one step (no flicker), and works
-        # with or without a kernel, unlike `with output: display(...)`.
-        show_in(self.output, self.figure)
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+    def _view(self, **values: float) -> tuple[go.Figure, str]:
+        return cost_view(**values, collective=self.collective, algorithms=self.algorithms)
 
 
 def cost_explorer(link: AlphaBeta | Fit | None = None, *, p: int = 64, nbytes: int = 1 << 20,

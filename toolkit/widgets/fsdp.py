@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 
 from ..cost import AlphaBeta, human_bytes
 from ..data_parallel.fsdp_schedule import KINDS, StepSchedule, simulate_step
-from .base import show_in
+from .base import SliderExplorer
 
 COLORS = {"all-gather": "#17becf", "reduce-scatter": "#e377c2", "forward": "#2ca02c",
           "backward": "#ff7f0e"}  # the collectives' hues match toolkit.viz.timeline's
@@ -89,40 +89,28 @@ def fsdp_view(*, psi: float, units: int, world_size: int, prefetch: bool,
     return fig, verdict, s
 
 
-class FSDPExplorer:
+class FSDPExplorer(SliderExplorer):
     """Sliders for Ψ, units, world size, bandwidth and a prefetch toggle over `fsdp_view`.
-    Attributes: the controls, `verdict`, `output`, `widget`, `figure` (last drawn)."""
+    Attributes: the controls, and `SliderExplorer`'s `verdict`, `output`, `widget`, `figure`."""
 
     def __init__(self, *, psi: float, units: int, world_size: int, prefetch: bool,
                  bandwidth_gbs: float) -> None:
         slow = dict(continuous_update=False, style={"description_width": "90px"})
-        self.psi = W.FloatLogSlider(value=psi, base=10, min=7, max=11, step=0.1,
-                                    readout_format=".2g", description="params Ψ", **slow)
-        self.units = W.IntSlider(value=units, min=1, max=32, description="units", **slow)
-        self.world_size = W.SelectionSlider(options=[2 ** k for k in range(1, 9)],
-                                            value=world_size, description="ranks p", **slow)
-        self.bandwidth_gbs = W.FloatLogSlider(value=bandwidth_gbs, base=10, min=0, max=3,
-                                              step=0.05, readout_format=".3g",
-                                              description="link GB/s", **slow)
-        self.prefetch = W.Checkbox(value=prefetch, description="prefetch")
-        self.verdict, self.output = W.HTML(), W.Output()
-        self.widget = W.VBox([W.HBox([self.psi, self.units, self.world_size]),
-                              W.HBox([self.bandwidth_gbs, self.prefetch]),
-                              self.verdict, self.output])
-        self.figure: go.Figure | None = None
-        for control in (self.psi, self.units, self.world_size, self.bandwidth_gbs,
-                        self.prefetch):
-            control.observe(self.redraw, names="value")
-        self.redraw()
+        super().__init__(
+            self._view, rows=[["psi", "units", "world_size"], ["bandwidth_gbs", "prefetch"]],
+            psi=W.FloatLogSlider(value=psi, base=10, min=7, max=11, step=0.1,
+                                 readout_format=".2g", description="params Ψ", **slow),
+            units=W.IntSlider(value=units, min=1, max=32, description="units", **slow),
+            world_size=W.SelectionSlider(options=[2 ** k for k in range(1, 9)],
+                                         value=world_size, description="ranks p", **slow),
+            bandwidth_gbs=W.FloatLogSlider(value=bandwidth_gbs, base=10, min=0, max=3,
+                                           step=0.05, readout_format=".3g",
+                                           description="link GB/s", **slow),
+            prefetch=W.Checkbox(value=prefetch, description="prefetch"))
 
-    def redraw(self, change: object = None) -> None:
-        self.figure, self.verdict.value, _ = fsdp_view(
-            psi=self.psi.value, units=self.units.value, world_size=self.world_size.value,
-            prefetch=self.prefetch.value, bandwidth_gbs=self.bandwidth_gbs.value)
-        show_in(self.output, self.figure)
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+    def _view(self, **values: float) -> tuple[go.Figure, str]:
+        figure, verdict, _ = fsdp_view(**values)
+        return figure, verdict
 
 
 def fsdp_explorer(*, psi: float = 1e9, units: int = 8, world_size: int = 8,

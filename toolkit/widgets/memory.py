@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from ..memory import GB, MODELS, RECIPES, GiB, budget, model_shape, model_state_bytes
 from ..memory.budget import Budget
 from ..viz.memory import memory_bars
-from .base import show_in
+from .base import SliderExplorer
 
 CUSTOM = "custom (Ψ only)"
 """Model choice that takes the parameter slider instead of a published shape."""
@@ -75,52 +75,36 @@ def memory_view(*, model: str, num_params: float = 1e9, n_d: int = 1, stage: int
     return fig, verdict
 
 
-class MemoryExplorer:
+class MemoryExplorer(SliderExplorer):
     """Controls over `memory_view`. Attributes: the controls `model`, `num_params` (billions),
-    `n_d`, `stage`, `recipe`, `seq_len`, `batch`, `gpu_gib`, `recompute`; `verdict`,
-    `output`, `widget` and `figure` (the last drawn)."""
+    `n_d`, `stage`, `recipe`, `seq_len`, `batch`, `gpu_gib`, `recompute`, and
+    `SliderExplorer`'s `verdict`, `output`, `widget`, `figure`."""
 
     def __init__(self, *, model: str, num_params: float, n_d: int, stage: int, recipe: str,
                  seq_len: int, batch: int, gpu_gib: float) -> None:
         slow = dict(continuous_update=False, style={"description_width": "90px"})
-        self.model = W.Dropdown(options=[*MODELS, CUSTOM], value=model, description="model")
-        self.num_params = W.FloatLogSlider(value=num_params / 1e9, base=10, min=-2, max=3,
-                                           step=0.05, description="Ψ (billions)",
-                                           readout_format=".3g", **slow)
-        self.n_d = W.SelectionSlider(options=N_D_CHOICES, value=n_d, description="N_d", **slow)
-        self.stage = W.ToggleButtons(options=[(f"stage {s}", s) for s in range(4)], value=stage,
-                                     description="stage")
-        self.recipe = W.Dropdown(options=list(RECIPES), value=recipe, description="precision")
-        self.seq_len = W.SelectionSlider(options=SEQ_CHOICES, value=seq_len,
-                                         description="sequence", **slow)
-        self.batch = W.IntSlider(value=batch, min=1, max=64, description="micro-batch", **slow)
-        self.gpu_gib = W.Dropdown(options=GPU_GIB, value=gpu_gib, description="GPU (GiB)")
-        self.recompute = W.Checkbox(value=False, description="full recomputation")
-        self.verdict, self.output = W.HTML(), W.Output()
-        # N_d first: it changes the figure for every model (Ψ only counts for CUSTOM).
-        self.widget = W.VBox([W.HBox([self.n_d, self.stage]),
-                              W.HBox([self.model, self.recipe]),
-                              W.HBox([self.seq_len, self.batch]),
-                              W.HBox([self.num_params, self.gpu_gib, self.recompute]),
-                              self.verdict, self.output])
-        self.figure: go.Figure | None = None
-        for control in (self.model, self.num_params, self.n_d, self.stage, self.recipe,
-                        self.seq_len, self.batch, self.gpu_gib, self.recompute):
-            control.observe(self.redraw, names="value")
-        self.redraw()
+        super().__init__(
+            self._view,
+            # N_d first: it changes the figure for every model (Ψ only counts for CUSTOM).
+            rows=[["n_d", "stage"], ["model", "recipe"], ["seq_len", "batch"],
+                  ["num_params", "gpu_gib", "recompute"]],
+            model=W.Dropdown(options=[*MODELS, CUSTOM], value=model, description="model"),
+            num_params=W.FloatLogSlider(value=num_params / 1e9, base=10, min=-2, max=3,
+                                        step=0.05, description="Ψ (billions)",
+                                        readout_format=".3g", **slow),
+            n_d=W.SelectionSlider(options=N_D_CHOICES, value=n_d, description="N_d", **slow),
+            stage=W.ToggleButtons(options=[(f"stage {s}", s) for s in range(4)], value=stage,
+                                  description="stage"),
+            recipe=W.Dropdown(options=list(RECIPES), value=recipe, description="precision"),
+            seq_len=W.SelectionSlider(options=SEQ_CHOICES, value=seq_len,
+                                      description="sequence", **slow),
+            batch=W.IntSlider(value=batch, min=1, max=64, description="micro-batch", **slow),
+            gpu_gib=W.Dropdown(options=GPU_GIB, value=gpu_gib, description="GPU (GiB)"),
+            recompute=W.Checkbox(value=False, description="full recomputation"))
 
-    def redraw(self, change: object = None) -> None:
-        """Recompute the view from the controls and replace the figure in place."""
-        self.num_params.disabled = self.model.value != CUSTOM
-        self.figure, self.verdict.value = memory_view(
-            model=self.model.value, num_params=self.num_params.value * 1e9,
-            n_d=self.n_d.value, stage=self.stage.value, recipe=self.recipe.value,
-            seq_len=self.seq_len.value, batch=self.batch.value, gpu_gib=self.gpu_gib.value,
-            recompute=self.recompute.value)
-        show_in(self.output, self.figure)
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+    def _view(self, *, model: str, num_params: float, **rest: object) -> tuple[go.Figure, str]:
+        self.num_params.disabled = model != CUSTOM
+        return memory_view(model=model, num_params=num_params * 1e9, **rest)
 
 
 def memory_explorer(model: str = "gpt2-xl", *, num_params: float = 7.5e9, n_d: int = 8,

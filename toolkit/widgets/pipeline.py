@@ -16,12 +16,13 @@ import html
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from ..pipeline import bubble_fraction, in_flight, make_schedule, simulate
+from ..arguments import check_int
+from ..pipeline import NAMES, bubble_fraction, in_flight, make_schedule, simulate
 from ..viz.pipeline import gantt
-from .base import show_in
+from .base import SliderExplorer
 
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved")
-"""What the schedule menu offers."""
+SCHEDULES = NAMES
+"""What the schedule menu offers: every schedule `make_schedule` knows."""
 P_MAX, M_MAX, V_MAX = 8, 16, 4   # slider ranges: enough to see the trends, small enough to read
 
 
@@ -67,42 +68,28 @@ def pipeline_view(*, schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2,
     return fig, verdict
 
 
-class PipelineExplorer:
-    """Sliders `p`, `m`, `v`, `ratio` and a `schedule` menu over `pipeline_view`.
-
-    Attributes: the controls, `verdict` (HTML), `output` (the figure's area), `widget` (the
-    whole box) and `figure` (last drawn). Setting a control's ``.value`` in code redraws too.
+class PipelineExplorer(SliderExplorer):
+    """Sliders `p`, `m`, `v`, `ratio` and a `schedule` menu over `pipeline_view`, and
+    `SliderExplorer`'s `verdict`, `output`, `widget`, `figure`. Setting a control's ``.value``
+    in code redraws too.
     """
 
     def __init__(self, *, schedule: str, p: int, m: int, v: int, ratio: float) -> None:
         slow = dict(continuous_update=False, style={"description_width": "90px"})
-        self.schedule = W.Dropdown(options=list(SCHEDULES), value=schedule,
-                                   description="schedule", style=slow["style"])
-        self.p = W.IntSlider(value=p, min=1, max=P_MAX, description="stages p", **slow)
-        self.m = W.IntSlider(value=m, min=1, max=M_MAX, description="micro-batches m", **slow)
-        self.v = W.IntSlider(value=v, min=1, max=V_MAX, description="chunks v", **slow)
-        self.ratio = W.FloatSlider(value=ratio, min=0.5, max=4.0, step=0.25,
-                                   description="t_b / t_f", **slow)
-        self.verdict = W.HTML()
-        self.output = W.Output()
-        self.widget = W.VBox([W.HBox([self.schedule, self.ratio]),
-                              W.HBox([self.p, self.m, self.v]), self.verdict, self.output])
-        self.figure: go.Figure | None = None
-        for control in (self.schedule, self.p, self.m, self.v, self.ratio):
-            control.observe(self.redraw, names="value")
-        self.redraw()
+        super().__init__(
+            self._view, rows=[["schedule", "ratio"], ["p", "m", "v"]],
+            schedule=W.Dropdown(options=list(SCHEDULES), value=schedule,
+                                description="schedule", style=slow["style"]),
+            p=W.IntSlider(value=p, min=1, max=P_MAX, description="stages p", **slow),
+            m=W.IntSlider(value=m, min=1, max=M_MAX, description="micro-batches m", **slow),
+            v=W.IntSlider(value=v, min=1, max=V_MAX, description="chunks v", **slow),
+            ratio=W.FloatSlider(value=ratio, min=0.5, max=4.0, step=0.25,
+                                description="t_b / t_f", **slow))
 
-    def redraw(self, change: object = None) -> None:
-        """Recompute the view from the controls and replace the figure in place."""
-        self.m.disabled = self.schedule.value == "naive"        # naive: one batch, m = 1
-        self.v.disabled = self.schedule.value != "interleaved"
-        self.figure, self.verdict.value = pipeline_view(
-            schedule=self.schedule.value, p=self.p.value, m=self.m.value, v=self.v.value,
-            ratio=self.ratio.value)
-        show_in(self.output, self.figure)
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+    def _view(self, *, schedule: str, **rest: float) -> tuple[go.Figure, str]:
+        self.m.disabled = schedule == "naive"        # naive: one batch, m = 1
+        self.v.disabled = schedule != "interleaved"
+        return pipeline_view(schedule=schedule, **rest)
 
 
 def pipeline_explorer(*, schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2,
@@ -113,9 +100,7 @@ def pipeline_explorer(*, schedule: str = "1f1b", p: int = 4, m: int = 8, v: int 
         raise ValueError(f"pipeline_explorer: schedule must be one of {SCHEDULES}, "
                          f"got {schedule!r}")
     for arg, value, top in (("p", p, P_MAX), ("m", m, M_MAX), ("v", v, V_MAX)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-            raise ValueError(f"pipeline_explorer: {arg} must be an int in 1 … {top}, "
-                             f"got {value!r}")
+        check_int("pipeline_explorer", arg, value, high=top)
     return PipelineExplorer(schedule=schedule, p=p, m=m, v=v, ratio=float(ratio))
 
 

@@ -1,4 +1,4 @@
-"""Lesson 09's planner explorer: model, cluster, GPUs and batch in; the feasible layouts out,
+"""Lesson 14's planner explorer: model, cluster, GPUs and batch in; the feasible layouts out,
 as a sorted table and a chart of where each one's step time goes.
 
     from toolkit.widgets.planner import planner_explorer
@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from ..memory import MODELS
 from ..planner import CLUSTERS, cluster, plan
 from ..viz.planner import time_bars
-from .base import show_in
+from .base import SliderExplorer
 
 __all__ = ["BATCH_CHOICES", "GPU_CHOICES", "PlannerExplorer", "planner_explorer",
            "planner_view"]
@@ -72,41 +72,30 @@ def planner_view(*, model: str, cluster_name: str, gpus: int, global_batch: int,
     return fig, _table_html(shown), verdict
 
 
-class PlannerExplorer:
+class PlannerExplorer(SliderExplorer):
     """Controls for model, cluster, GPUs, global batch and recomputation over `planner_view`.
 
-    Attributes: `model`, `cluster`, `gpus`, `global_batch`, `recompute`; `verdict` and `table`
-    (HTML), `output` (the figure's area), `widget` (the whole box), `figure` (last drawn).
+    Attributes: `model`, `cluster`, `gpus`, `global_batch`, `recompute`; `table` (HTML, under
+    the verdict), and `SliderExplorer`'s `verdict`, `output`, `widget`, `figure`.
     """
 
     def __init__(self, *, model: str, cluster_name: str, gpus: int, global_batch: int) -> None:
         slow = dict(continuous_update=False, style={"description_width": "90px"})
-        self.model = W.Dropdown(options=list(MODELS), value=model, description="model")
-        self.cluster = W.Dropdown(options=list(CLUSTERS), value=cluster_name,
-                                  description="cluster")
-        self.gpus = W.SelectionSlider(options=GPU_CHOICES, value=gpus, description="GPUs",
-                                      **slow)
-        self.global_batch = W.SelectionSlider(options=BATCH_CHOICES, value=global_batch,
-                                              description="batch (seqs)", **slow)
-        self.recompute = W.Checkbox(value=True, description="allow full recomputation")
-        self.verdict, self.table, self.output = W.HTML(), W.HTML(), W.Output()
-        self.widget = W.VBox([W.HBox([self.model, self.cluster]),
-                              W.HBox([self.gpus, self.global_batch, self.recompute]),
-                              self.verdict, self.table, self.output])
-        self.figure: go.Figure | None = None
-        for control in (self.model, self.cluster, self.gpus, self.global_batch, self.recompute):
-            control.observe(self.redraw, names="value")
-        self.redraw()
+        self.table = W.HTML()
+        super().__init__(
+            self._view, rows=[["model", "cluster"], ["gpus", "global_batch", "recompute"]],
+            extra=[self.table],
+            model=W.Dropdown(options=list(MODELS), value=model, description="model"),
+            cluster=W.Dropdown(options=list(CLUSTERS), value=cluster_name,
+                               description="cluster"),
+            gpus=W.SelectionSlider(options=GPU_CHOICES, value=gpus, description="GPUs", **slow),
+            global_batch=W.SelectionSlider(options=BATCH_CHOICES, value=global_batch,
+                                           description="batch (seqs)", **slow),
+            recompute=W.Checkbox(value=True, description="allow full recomputation"))
 
-    def redraw(self, change: object = None) -> None:
-        """Recompute the view from the controls and replace table and figure in place."""
-        self.figure, self.table.value, self.verdict.value = planner_view(
-            model=self.model.value, cluster_name=self.cluster.value, gpus=self.gpus.value,
-            global_batch=self.global_batch.value, recompute=self.recompute.value)
-        show_in(self.output, self.figure)
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+    def _view(self, *, cluster: str, **rest: object) -> tuple[go.Figure, str]:
+        figure, self.table.value, verdict = planner_view(cluster_name=cluster, **rest)
+        return figure, verdict
 
 
 def planner_explorer(model: str = "gpt2-xl", cluster_name: str = "dgx-a100-80gb", *,

@@ -1,4 +1,4 @@
-"""Lesson 08's explorer: when do a layer's tensor-parallel all-reduces cost more than its compute?
+"""Lesson 12's explorer: when do a layer's tensor-parallel all-reduces cost more than its compute?
 
     from toolkit.widgets.tensor_parallel import tp_explorer
     tp_explorer()                 # last line of a cell: sliders for h, tp, tokens, bandwidth
@@ -16,7 +16,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from ..viz.tensor_parallel import tp_time_view
-from .base import show_in
+from .base import SliderExplorer
 
 __all__ = ["BANDWIDTH_GBS", "HIDDEN_CHOICES", "TOKEN_CHOICES", "TP_CHOICES", "TPExplorer",
            "tp_explorer"]
@@ -37,11 +37,11 @@ def _pick(value: int, choices: tuple[int, ...], name: str) -> int:
     return value
 
 
-class TPExplorer:
+class TPExplorer(SliderExplorer):
     """Sliders for h, tp, tokens and link bandwidth over `tp_time_view`.
 
-    Attributes: the sliders `hidden`, `tp`, `tokens`, `bandwidth_gbs`; `verdict` (HTML),
-    `output` (the figure's area), `widget` (the whole box) and `figure` (last drawn). Setting a
+    Attributes: the sliders `hidden`, `tp`, `tokens`, `bandwidth_gbs`; `fixed` (the view's
+    other arguments), and `SliderExplorer`'s `verdict`, `output`, `widget`, `figure`. Setting a
     slider's ``.value`` in code redraws as dragging it does.
     """
 
@@ -50,39 +50,25 @@ class TPExplorer:
         self.fixed = dict(seq=seq, alpha_us=alpha_us, peak_flops=peak_flops,
                           efficiency=efficiency)
         slow = dict(continuous_update=False, style={"description_width": "80px"})
-        self.hidden = W.SelectionSlider(options=HIDDEN_CHOICES, value=hidden,
-                                        description="hidden h", **slow)
-        self.tp = W.SelectionSlider(options=TP_CHOICES, value=tp, description="tp", **slow)
-        self.tokens = W.SelectionSlider(options=TOKEN_CHOICES, value=tokens,
-                                        description="tokens b·s", **slow)
-        self.bandwidth_gbs = W.FloatLogSlider(
-            value=min(max(bandwidth_gbs, BANDWIDTH_GBS[0]), BANDWIDTH_GBS[1]), base=10, min=0,
-            max=3, step=0.05, readout_format=".3g", description="GB/s", **slow)
-        self.verdict = W.HTML()
-        self.output = W.Output()
-        self.widget = W.VBox([W.HBox([self.hidden, self.tp]),
-                              W.HBox([self.tokens, self.bandwidth_gbs]),
-                              self.verdict, self.output])
-        self.figure: go.Figure | None = None
-        for control in (self.hidden, self.tp, self.tokens, self.bandwidth_gbs):
-            control.observe(self.redraw, names="value")
-        self.redraw()
+        super().__init__(
+            self._view, rows=[["hidden", "tp"], ["tokens", "bandwidth_gbs"]],
+            hidden=W.SelectionSlider(options=HIDDEN_CHOICES, value=hidden,
+                                     description="hidden h", **slow),
+            tp=W.SelectionSlider(options=TP_CHOICES, value=tp, description="tp", **slow),
+            tokens=W.SelectionSlider(options=TOKEN_CHOICES, value=tokens,
+                                     description="tokens b·s", **slow),
+            bandwidth_gbs=W.FloatLogSlider(
+                value=min(max(bandwidth_gbs, BANDWIDTH_GBS[0]), BANDWIDTH_GBS[1]), base=10,
+                min=0, max=3, step=0.05, readout_format=".3g", description="GB/s", **slow))
 
-    def redraw(self, change: object = None) -> None:
-        """Recompute the view from the sliders and replace the figure in place."""
-        self.figure, self.verdict.value = tp_time_view(
-            hidden=self.hidden.value, tp=self.tp.value, tokens=self.tokens.value,
-            bandwidth_gbs=self.bandwidth_gbs.value, **self.fixed)
-        show_in(self.output, self.figure)
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+    def _view(self, **values: float) -> tuple[go.Figure, str]:
+        return tp_time_view(**values, **self.fixed)
 
 
 def tp_explorer(*, hidden: int = 12288, tp: int = 8, tokens: int = 2048,
                 bandwidth_gbs: float = 50.0, seq: int = 2048, alpha_us: float = 10.0,
                 peak_flops: float = 989e12, efficiency: float = 0.5) -> TPExplorer:
-    """The explorer of lesson 08, starting at a GPT-3-sized layer (h = 12288) on tp = 8 over
+    """The explorer of lesson 12, starting at a GPT-3-sized layer (h = 12288) on tp = 8 over
     InfiniBand-class bandwidth; `seq`, α, the peak (H100 bf16) and the efficiency stay fixed.
     `hidden`, `tp` and `tokens` must be among the sliders' choices."""
     return TPExplorer(hidden=_pick(hidden, HIDDEN_CHOICES, "hidden"),

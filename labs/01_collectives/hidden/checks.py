@@ -9,7 +9,8 @@ import sys
 
 from autograder.lab import Check
 
-visible = sys.modules.get("_autograder_lab_01_collectives_checks") or importlib.import_module("checks")
+visible = (sys.modules.get("_autograder_lab_01_collectives_checks")
+           or importlib.import_module("checks"))
 cases = visible.cases
 
 CHECKS = [

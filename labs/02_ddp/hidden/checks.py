@@ -36,5 +36,6 @@ CHECKS = [
     Check("DDP: a parameter without gradient, with one bucket and with one bucket per parameter",
           10, "train", cases({"world_size": 2, **TOY, "cap": 10**9},
                              {"world_size": 2, **TOY, "cap": 1}, seed=140), visible.judge_order,
-          about="Values, then every bucket sent once per step, in order, with the trainable bytes."),
+          about="Values, then every bucket sent once per step, in order, with the trainable "
+                "bytes."),
 ]

@@ -1,4 +1,4 @@
-"""Real sharded runs on ranks, measured against the memory math: what lesson 05 draws and
+"""Real sharded runs on ranks, measured against the memory math: what lesson 07 draws and
 `benchmarks/memory_measured.py` prints.
 
 Each method trains a TinyGPT for a few steps of fp32 Adam on every rank (its slice of the batch),
@@ -9,7 +9,7 @@ then counts the bytes of parameters, gradients and optimizer state the rank hold
     zero1        `ShardedOptimizer(stage=1)`                                      (stage 1)
     zero2        `ShardedOptimizer(stage=2)`                                      (stage 2)
     fsdp         `FullyShardedDataParallel`, each block a unit                    (stage 3)
-    torch_fsdp2  torch's `fully_shard` on a CPU device mesh; per-parameter (dim-0) shards in
+    torch_fsdp2  torch's `fully_shard` on the ranks' device mesh; per-parameter (dim-0) shards in
                  DTensors, collectives `all_gather_single` / `reduce_scatter_single` (stage 3)
 
 Predictions (`predicted_rows`): the paper's exact Ψ/N_d, and what each implementation stores:
@@ -24,12 +24,20 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import pandas as pd
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
+from .. import comm
+from ..cost import bytes_sent_per_rank
+from ..data_parallel.fsdp import FullyShardedDataParallel
+from ..data_parallel.zero import ShardedOptimizer
+from ..launch import device, spawn
+from ..memory.measured import held_model_states
+from ..memory.states import FP32_ADAM, model_state_bytes
 from ..models import GPTConfig, TinyGPT, count_parameters, make_token_data
-from .measured import held_model_states
-from .states import FP32_ADAM, model_state_bytes
 
 METHODS = ("ddp", "zero1", "zero2", "fsdp", "torch_fsdp2")
 """Every method `run_methods` knows, in stage order."""
@@ -45,10 +53,7 @@ _RING = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
 
 def _build(method: str, cfg: GPTConfig, lr: float) -> tuple[Any, torch.optim.Optimizer, list]:
     """(model to call, optimizer, flat group sizes) for one method on this rank."""
-    from ..data_parallel.fsdp import FullyShardedDataParallel
-    from ..data_parallel.zero import ShardedOptimizer
-
-    model = TinyGPT(cfg)
+    model = TinyGPT(cfg, device=device())
     if method == "ddp":
         return model, torch.optim.Adam(model.parameters(), lr=lr), []
     if method in ("zero1", "zero2"):
@@ -59,10 +64,7 @@ def _build(method: str, cfg: GPTConfig, lr: float) -> tuple[Any, torch.optim.Opt
         return fsdp, torch.optim.Adam(fsdp.parameters(), lr=lr), [
             g.numel for g in fsdp._all_groups()]
     if method == "torch_fsdp2":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        mesh = init_device_mesh(device().type, (dist.get_world_size(),))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -72,9 +74,7 @@ def _build(method: str, cfg: GPTConfig, lr: float) -> tuple[Any, torch.optim.Opt
 
 def _rank_run(rank: int, world_size: int, methods: Sequence[str], cfg: GPTConfig, steps: int,
               batch: int, lr: float) -> list[dict]:
-    from .. import comm
-
-    x, y = make_token_data(batch, cfg.seq_len, cfg.vocab_size)
+    x, y = make_token_data(batch, cfg.seq_len, cfg.vocab_size, device=device())
     n = batch // world_size
     xs, ys = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
     out = []
@@ -102,8 +102,6 @@ def _rank_run(rank: int, world_size: int, methods: Sequence[str], cfg: GPTConfig
 def _ring_bytes(op: str, nbytes: int, p: int) -> float:
     """Bytes one rank sends for a recorded collective, as a ring moves it. The recorder
     counts the input: a shard for all-gather (the full tensor is p times it)."""
-    from ..cost import bytes_sent_per_rank
-
     if op not in _RING:
         return 0.0
     full = nbytes * p if _RING[op] == "all_gather" else nbytes
@@ -116,10 +114,6 @@ def run_methods(world_size: int, methods: Sequence[str] = METHODS, *,
     """Train with every method on `world_size` real ranks; one row per (method, rank) of
     measured bytes (params, grads, optimizer, step_bytes), flat group sizes, wire bytes per
     step and collective calls per step. A pandas DataFrame."""
-    import pandas as pd
-
-    from ..launch import spawn
-
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"run_methods: unknown methods {sorted(unknown)}; choose from {METHODS}")

@@ -1,5 +1,9 @@
 """Bubble and memory math of pipeline schedules: pure functions, numbers in, numbers out.
 
+A model, like the rest of `toolkit.cost`: the planner composes it with the α-β and memory models,
+and `toolkit.pipeline` (schedules as data, the simulator, the executor) re-exports it, so lessons
+write ``pipeline.bubble_fraction``. Here it imports no algorithm.
+
 With p stages, m micro-batches, v chunks per rank, and every stage taking the same time per
 micro-batch (t_f forward, t_b backward):
 
@@ -19,14 +23,22 @@ number divided by v in stage units (Megatron's warm-up, plus the forward of the 
 
 from __future__ import annotations
 
-from .schedules import _check_sizes
+from ..arguments import check_int
+
+
+def check_sizes(owner: str, p: int, m: int, v: int = 1) -> None:
+    """Raise a ValueError naming `owner` unless p (stages), m (micro-batches) and v (chunks per
+    rank) are ints >= 1: the sizes every schedule and formula here takes."""
+    check_int(owner, "p", p, hint="the number of stages (ranks)")
+    check_int(owner, "m", m, hint="the number of micro-batches")
+    check_int(owner, "v", v, hint="the number of model chunks per rank")
 
 
 def bubble_fraction(schedule: str, *, p: int, m: int = 1, v: int = 1) -> float:
     """The idle fraction of the total time that theory predicts for `schedule` (equal stages,
     free communication): (p−1)/(m+p−1) for naive (m = 1), GPipe and 1F1B; (p−1)/(v·m+p−1) for
     interleaved, which needs p to divide m (else a ValueError: `simulate` gives the truth)."""
-    _check_sizes("bubble_fraction", p, m, v)
+    check_sizes("bubble_fraction", p, m, v)
     key = str(schedule).lower().replace("-", "").replace("_", "")
     if key == "naive":
         m = 1
@@ -45,14 +57,14 @@ def bubble_fraction(schedule: str, *, p: int, m: int = 1, v: int = 1) -> float:
 def bubble_time_ratio(*, p: int, m: int, v: int = 1) -> float:
     """Bubble time over ideal compute time, (p−1)/(v·m) (the form the Megatron-LM paper
     writes); the idle fraction is this over 1 + this."""
-    _check_sizes("bubble_time_ratio", p, m, v)
+    check_sizes("bubble_time_ratio", p, m, v)
     return (p - 1) / (v * m)
 
 
 def pipeline_time(*, p: int, m: int, forward: float, backward: float, v: int = 1) -> float:
     """Ideal time of one step (equal stages, free communication): (v·m + p − 1)(t_f + t_b)/v,
     with `forward` and `backward` the times of one micro-batch through one whole stage."""
-    _check_sizes("pipeline_time", p, m, v)
+    check_sizes("pipeline_time", p, m, v)
     return (v * m + p - 1) * (forward + backward) / v
 
 
@@ -60,7 +72,7 @@ def peak_activations(schedule: str, *, p: int, m: int, stage: int = 0, v: int = 
     """Most micro-batches' activations `stage` holds at once, in units of one micro-batch's
     activations on that stage: GPipe m, 1F1B min(p − stage, m), naive 1, interleaved
     min(2(p − stage − 1) + (v − 1)p + 1, v·m) / v."""
-    _check_sizes("peak_activations", p, m, v)
+    check_sizes("peak_activations", p, m, v)
     if not 0 <= stage < p:
         raise ValueError(f"peak_activations: stage must be in 0 … {p - 1}, got {stage}")
     key = str(schedule).lower().replace("-", "").replace("_", "")
@@ -76,4 +88,5 @@ def peak_activations(schedule: str, *, p: int, m: int, stage: int = 0, v: int = 
                      f"1f1b or interleaved")
 
 
-__all__ = ["bubble_fraction", "bubble_time_ratio", "peak_activations", "pipeline_time"]
+__all__ = ["bubble_fraction", "bubble_time_ratio", "check_sizes", "peak_activations",
+           "pipeline_time"]

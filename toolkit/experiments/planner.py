@@ -3,7 +3,7 @@ own FLOP/s and α-β, so that `predict` can be set beside a measurement.
 
     link = link_fit(world_sizes=(2, 4)).link          # gloo all-reduce, α and β of this machine
     peak = concurrent_flops(cfg, tokens=256, ranks=4)  # FLOP/s one rank gets while all compute
-    here = laptop(link=link, peak_flops=peak)          # toolkit.planner.cluster
+    here = laptop(link=link, peak_flops=peak)          # toolkit.planner.laptop
     run = run_layout(cfg, Layout(dp=2, tp=2), global_batch=16)   # 4 gloo ranks
     run["step"], predict(cfg, here, Layout(dp=2, tp=2), global_batch=16, ...).step
 
@@ -26,20 +26,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..cost import Fit, fit_alpha_beta
-from ..cost import measure as measure_collectives
-from ..launch import spawn
+from ..launch import device, spawn
 from ..models import GPTConfig, TinyGPT, make_token_data
+from ..planner.layout import Layout
 from ..tensor_parallel import ParallelMLP, ParallelSelfAttention
-from .layout import Layout
+from .collectives import measure as measure_collectives
 
 __all__ = ["concurrent_flops", "link_fit", "run_layout"]
 
 
 def link_fit(*, world_sizes=(2, 4), sizes=(1 << 12, 1 << 16, 1 << 20, 1 << 22),
              repeats: int = 3, timeout: float = 120) -> Fit:
-    """α and β of torch's gloo all-reduce on this machine: a small `toolkit.cost.measure`
-    sweep, fitted with the ring's coefficients (gloo's CPU all-reduce is ring-based, and the
-    planner models every all-reduce as a ring)."""
+    """α and β of torch's gloo all-reduce on this machine: a small
+    `toolkit.experiments.collectives.measure` sweep, fitted with the ring's coefficients
+    (gloo's CPU all-reduce is ring-based, and the planner models every all-reduce as a ring)."""
     table = measure_collectives([("all_reduce", "torch")], sizes=list(sizes),
                                 world_sizes=list(world_sizes), repeats=repeats, warmup=1,
                                 timeout=timeout)
@@ -48,13 +48,16 @@ def link_fit(*, world_sizes=(2, 4), sizes=(1 << 12, 1 << 16, 1 << 20, 1 << 22),
 
 def _matmul_rate(rank: int, world_size: int, rows: int, inner: int, outer: int,
                  seconds: float) -> float:
-    a, w = torch.randn(rows, inner), torch.randn(inner, outer)
+    dev = device()
+    a, w = torch.randn(rows, inner, device=dev), torch.randn(inner, outer, device=dev)
     a @ w  # first call allocates
     dist.barrier()  # every rank computes at once, as in a training step
     calls, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         a @ w  # (rows, inner) @ (inner, outer)
         calls += 1
+    if dev.type == "cuda":
+        torch.cuda.synchronize()  # the launched kernels have all run before the clock stops
     return 2 * rows * inner * outer * calls / (time.perf_counter() - t0)
 
 
@@ -82,12 +85,13 @@ def _train_rank(rank: int, world_size: int, model: TinyGPT, layout: Layout, glob
                 steps: int, warmup: int) -> dict:
     layout.check(world_size)
     groups = _my_groups(rank, layout)
-    cfg = model.cfg
+    cfg, dev = model.cfg, device()
+    model.to(dev)  # built once by the caller, on the CPU
     if layout.tp > 1:
         for block in model.blocks:
             block.attn = ParallelSelfAttention.from_dense(block.attn, group=groups["tp"])
             block.mlp = ParallelMLP.from_dense(block.mlp, group=groups["tp"])
-    x, y = make_token_data(global_batch, cfg.seq_len, cfg.vocab_size)
+    x, y = make_token_data(global_batch, cfg.seq_len, cfg.vocab_size, device=dev)
     b = global_batch // layout.dp
     i = layout.coords(rank)["dp"]
     micro = list(zip(x[i * b:(i + 1) * b].chunk(layout.micro_batches),

@@ -1,0 +1,51 @@
+"""Lab 02's traffic hint names the mistake from the model itself: a weight tied under any
+attribute name, in any dtype, and frozen parameters sent along; no ranks started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from autograder.lab import load_lab
+
+LAB = load_lab(Path(__file__).resolve().parents[1] / "labs" / "02_ddp")
+import _lab_harness as harness  # noqa: E402  (registered by load_lab)
+
+checks = next(c for c in LAB.checks if c.call == "train").judge.__globals__  # checks.py's names
+hint = checks["_bytes_hint"]
+
+
+def nbytes(ps) -> int:
+    return sum(p.numel() * p.element_size() for p in ps)
+
+
+class Tied(nn.Module):
+    """An embedding and a head sharing one weight under names other than the lab's toy's."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.embed = nn.Linear(6, 6, dtype=dtype)
+        self.out = nn.Linear(6, 6, bias=False, dtype=dtype)
+        self.out.weight = self.embed.weight
+
+
+def test_a_tied_weight_sent_twice_is_named_whatever_its_name_and_dtype():
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        model = Tied(dtype)
+        trainable = nbytes(model.parameters())
+        twice = trainable + model.embed.weight.numel() * model.embed.weight.element_size()
+        assert "tied weight was sent twice" in hint(model, twice)
+        assert hint(model, trainable + 4) == ""          # a count no mistake explains
+    toy = harness.make_model({"tied": True})              # the lab's own toy (attribute c)
+    twice = nbytes(toy.parameters()) + nbytes([toy.c.weight])
+    assert "tied weight was sent twice" in hint(toy, twice)
+
+
+def test_frozen_parameters_sent_are_named_and_an_untied_model_gets_no_tied_hint():
+    model = harness.make_model({"frozen": ["a.bias"]})
+    every = nbytes(model.parameters())
+    assert "frozen parameters were sent" in hint(model, every)
+    untied = harness.make_model({})
+    assert hint(untied, 2 * nbytes(untied.parameters())) == ""
