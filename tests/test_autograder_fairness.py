@@ -1,6 +1,7 @@
-"""Fair to every correct solution (issue 19, section 5): independent correct solutions, written
-from the student editions and kept in tests/fairness/, score 100 with the hidden checks; the
-feedback on the usual mistakes names them; a lab slug never resolves to a student copy."""
+"""Fair to every correct solution (issue 19, section 5): independent correct solutions of labs
+02-05, written from the student editions and kept in tests/fairness/, score 100 with the hidden
+checks; the feedback on the usual mistakes names them; a lab slug never resolves to a student
+copy."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def _solution(lab: str, base: str, variant: str | None, folder: Path) -> Path:
     ("02_ddp", "ddp.py", "barrier_in_finish"),
     ("02_ddp", "ddp.py", "wait_all_futures"),
     ("03_sharded_optimizer", "sharding.py", None),
+    ("04_pipeline_schedule", "schedules.py", None),
+    ("05_tensor_parallel_mlp", "tp_mlp.py", None),
 ])
 def test_independent_solutions_score_full_marks(lab, base, variant, tmp_path):
     path = _solution(lab, base, variant, tmp_path / "subs")

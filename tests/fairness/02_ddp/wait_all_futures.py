@@ -1,4 +1,5 @@
 """Variant: wait for the buckets through their futures, torch.futures.wait_all."""
+# ruff: noqa: F821 - a fragment appended to ddp.py, which defines torch
 
 
 def _wait(works: list) -> None:
