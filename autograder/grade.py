@@ -95,6 +95,11 @@ def _defined_names(source: bytes) -> set[str]:
     return names
 
 
+def max_ranks(lab: Lab) -> int:
+    """The most ranks any launch of `lab` starts (a cuda grade needs one GPU each)."""
+    return max((int(c["world_size"]) for check in lab.checks for c in check.cases), default=1)
+
+
 def case_seed(secret: int, key: CaseKey, seed: int) -> int:
     """The seed case `key` runs with in a grade whose secret is `secret` (40 bits; the lab's
     own seed is mixed in so that two cases of a check never share inputs)."""
@@ -134,9 +139,21 @@ def prepare_workdir(files: dict[str, bytes], base: Path | None = None) -> tuple[
 
 
 def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock: bool = True,
-          workbase: Path | None = None, secret: int | None = None) -> GradeResult:
+          workbase: Path | None = None, secret: int | None = None, device: str = "cpu",
+          gpus: list[int] | None = None) -> GradeResult:
     """Grade `submission` (a folder or a single file) against every check of `lab`. `secret`
-    fixes the grade's inputs (tests); by default it is drawn fresh for every grade."""
+    fixes the grade's inputs (tests); by default it is drawn fresh for every grade. `device`
+    "cuda" runs rank r on GPU r of `gpus` (one per rank of the largest launch;
+    `autograder.devices`); values are judged on CPU copies either way."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"grade: device must be 'cpu' or 'cuda' (resolve 'auto' with "
+                         f"autograder.devices.resolve_device), got {device!r}")
+    if device not in lab.info.devices:
+        raise ValueError(f"{lab.info.slug} runs on {', '.join(lab.info.devices)} only, not "
+                         f"{device}: grade it with --device cpu")
+    if device == "cuda" and len(gpus or []) < max_ranks(lab):
+        raise ValueError(f"grade: a cuda grade of {lab.info.slug} needs {max_ranks(lab)} GPUs "
+                         f"(one per rank), got {gpus!r}")
     start = time.monotonic()
     submission = Path(submission)
     result = GradeResult(lab, str(submission))
@@ -167,7 +184,9 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
     job = Job(module=lab.module, code=code, allowed=lab.info.allowed_ops,
               refusal=lab.info.refusal(), forbidden=list(lab.info.forbidden_imports),
               toolkit=list(lab.info.sandbox_modules), landlock=landlock,
-              sources={n: b.decode("utf-8", "replace") for n, b in files.items()})
+              sources={n: b.decode("utf-8", "replace") for n, b in files.items()},
+              device=device, gpus=",".join(str(g) for g in gpus or []) if device == "cuda"
+              else "")
     try:
         run = run_session(job, launches, limits or Limits(), workdir)
     finally:
@@ -195,4 +214,5 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
     return result
 
 
-__all__ = ["CheckResult", "GradeResult", "case_seed", "grade", "plan", "prepare_workdir"]
+__all__ = ["CheckResult", "GradeResult", "case_seed", "grade", "max_ranks", "plan",
+           "prepare_workdir"]

@@ -95,6 +95,9 @@ class LabInfo:
     """`toolkit` modules the ranks may read besides the launcher and recorder, e.g.
     ``("models",)`` for a harness that builds the tiny models in each rank. Never the module
     that holds the lab's answer."""
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    """Where its ranks may run (``grade --device``): "cuda" gives each rank one GPU; a lab
+    whose ranks hold no tensors worth a GPU says ``("cpu",)``."""
 
     def __post_init__(self) -> None:
         unknown = [n for n in self.allowed_collectives if canonical_op(n) not in COLLECTIVES]

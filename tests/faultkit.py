@@ -109,11 +109,12 @@ def ring_lines(fault: str) -> str:
     return "(?:" + "|".join(str(n) for span in spans.values() for n in span) + r")\b"
 
 
-def run_grade(lab: Lab, path: Path, tmp_path: Path, *, limits: Limits = LIMITS):
-    """Grade `path` with `lab`; check results.json and that nothing of the grade survives."""
+def run_grade(lab: Lab, path: Path, tmp_path: Path, *, limits: Limits = LIMITS, **options):
+    """Grade `path` with `lab` (`options`: grade's device and gpus); check results.json and
+    that nothing of the grade survives."""
     work = tmp_path / "runs"
     work.mkdir(exist_ok=True)
-    result = grade(lab, path, limits=limits, workbase=work)
+    result = grade(lab, path, limits=limits, workbase=work, **options)
     data = to_results_json(result)
     assert validate_results(data) == [], data
     json.dumps(data)  # plain JSON all the way down
@@ -123,10 +124,11 @@ def run_grade(lab: Lab, path: Path, tmp_path: Path, *, limits: Limits = LIMITS):
 
 
 def run_fault(lab: Lab, fault: str, names: list[str], tmp_path: Path, *,
-              hang: set[str] = frozenset(), limits: Limits = LIMITS, text: str | None = None):
+              hang: set[str] = frozenset(), limits: Limits = LIMITS, text: str | None = None,
+              **options):
     small = small_lab(lab, names, hang)
     result, _ = run_grade(small, submission(fault, tmp_path / "submissions", text=text),
-                          tmp_path, limits=limits)
+                          tmp_path, limits=limits, **options)
     return result, dict(zip(names, result.checks))
 
 

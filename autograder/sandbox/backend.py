@@ -278,14 +278,17 @@ class CourierGroup(dist.ProcessGroup):
         return self._call("alltoall_base", send=input, outputs=output, opts=opts)
 
 
-def install(link: Link, rank: int, world_size: int, timeout_s: float = 600.0) -> None:
-    """Register the courier backend and make it this rank's default process group."""
+def install(link: Link, rank: int, world_size: int, timeout_s: float = 600.0, *,
+            cuda: bool = False) -> None:
+    """Register the courier backend (for CUDA tensors too when `cuda`: they are staged through
+    host memory) and make it this rank's default process group."""
 
     def create(opts: Any, _pg_options: Any) -> CourierGroup:
         members = list(opts.global_ranks_in_group) or list(range(world_size))
         return CourierGroup(link, opts.group_rank, opts.group_size, members)
 
-    dist.Backend.register_backend("courier", create, extended_api=True, devices=list(DEVICES))
+    devices = [*DEVICES, "cuda"] if cuda else list(DEVICES)
+    dist.Backend.register_backend("courier", create, extended_api=True, devices=devices)
     dist.init_process_group("courier", store=dist.HashStore(), rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
 

@@ -55,17 +55,30 @@ def confine(spec: dict, *, channel: int, out: int, err: int) -> dict:
     home = Path(spec["home"])
     abi = landlock.abi_version() if spec.get("landlock", True) else 0
     if abi >= 1:
-        read, write, listing = rank_paths(Path(spec["code"]), home, spec.get("toolkit", ()))
+        read, write, listing = rank_paths(Path(spec["code"]), home, spec.get("toolkit", ()),
+                                          gpu=_on_gpu(spec))
         landlock.restrict(read, write, listing, write_rights=landlock.WRITE_PLAIN, tcp=False)
     filtered = seccomp.install() if spec.get("seccomp", True) else False
     os.chdir(spec["code"])  # read-only: a file written "here" is refused, as it should be
     os.environ.clear()
-    os.environ.update({"HOME": str(home), "TMPDIR": str(home), "PATH": "/usr/bin:/bin",
-                       "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "LANG": "C.UTF-8",
-                       "PYTHONDONTWRITEBYTECODE": "1", "RANK": str(spec["rank"]),
-                       "WORLD_SIZE": str(spec["world_size"]), "LOCAL_RANK": str(spec["rank"])})
+    os.environ.update(rank_env(spec))
     return {"landlock": abi, "features": landlock.features(abi), "namespaces": how,
             "seccomp": filtered, "capabilities": has_capabilities(), "uid": os.getuid()}
 
 
-__all__ = ["CHANNEL_FD", "confine"]
+def _on_gpu(spec: dict) -> bool:
+    return str(spec.get("device", "cpu")).startswith("cuda")
+
+
+def rank_env(spec: dict) -> dict[str, str]:
+    """A rank's whole environment: its folder, one thread, its rank, and the grade's GPU set
+    (none on a CPU grade)."""
+    home = str(spec["home"])
+    gpus = str(spec.get("gpus", "")) if _on_gpu(spec) else ""
+    return {"HOME": home, "TMPDIR": home, "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
+            "CUDA_VISIBLE_DEVICES": gpus, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+            "RANK": str(spec["rank"]), "WORLD_SIZE": str(spec["world_size"]),
+            "LOCAL_RANK": str(spec["rank"])}
+
+
+__all__ = ["CHANNEL_FD", "confine", "rank_env"]

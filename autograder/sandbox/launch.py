@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .. import hangs
 from ..failures import classify_end
+from ..devices import rank_device
 from ..protocol import Failure, GroupRecord, RankEnd
 from ..sanitize import printable
 from .cgroup import PidsGroup
@@ -83,8 +84,9 @@ class _Launch:
         spec = {"world_size": p, "code": str(job.code), "module": job.module,
                 "forbidden": job.forbidden, "toolkit": job.toolkit, "limits": asdict(limits),
                 "uid": uid, "cgroup": str(group.path) if group else None,
-                "landlock": job.landlock, "seccomp": job.seccomp,
-                "ranks": [{"rank": r, "home": str(scratch.homes[r])} for r in range(p)]}
+                "landlock": job.landlock, "seccomp": job.seccomp, "gpus": job.gpus,
+                "ranks": [{"rank": r, "home": str(scratch.homes[r]),
+                           "device": rank_device(job.device, r)} for r in range(p)]}
         try:
             pids = server.fork(spec, fds, deadline)
         finally:

@@ -36,6 +36,10 @@ class Job:
     sources: dict[str, str] = field(default_factory=dict)
     landlock: bool = True
     seccomp: bool = True
+    device: str = "cpu"
+    """"cpu" or "cuda" (`autograder.devices`): rank r of a cuda grade uses GPU r of `gpus`."""
+    gpus: str = ""
+    """The grade's GPU set as CUDA_VISIBLE_DEVICES lists it ("" on cpu)."""
 
 
 @dataclass

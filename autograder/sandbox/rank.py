@@ -74,8 +74,9 @@ def main(sock: socket.socket, spec: dict) -> NoReturn:
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     rank, world_size = int(spec["rank"]), int(spec["world_size"])
     link = backend.Link(sock)
+    device = str(spec.get("device", "cpu"))  # the grader's choice: "cpu", or this rank's GPU
     try:
-        backend.install(link, rank, world_size)
+        backend.install(link, rank, world_size, cuda=device.startswith("cuda"))
     except BaseException as exc:  # noqa: BLE001
         _error(link, "setup", None, exc)
     code = Path(spec["code"])
@@ -94,7 +95,7 @@ def main(sock: socket.socket, spec: dict) -> NoReturn:
         index = int(meta["case"])
         try:
             call = Call(rank, world_size, dict(meta["params"]), unpack(meta["inputs"], payload),
-                        device=str(spec.get("device", "cpu")), _link=link)
+                        device=device, _link=link)
             out = lab.CALLS[meta["call"]](student, call)
             tree, data = pack(out)
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too

@@ -24,10 +24,13 @@ class ServerLost(RuntimeError):
 class ForkServer:
     """One running fork server (trusted: it runs no student code)."""
 
-    def __init__(self, *, group: PidsGroup | None, deadline: float, log: Path) -> None:
+    def __init__(self, *, group: PidsGroup | None, deadline: float, log: Path,
+                 gpus: str = "") -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # gpus: the grade's GPU set ("" on a CPU grade: none visible); the server itself never
+        # initialises CUDA (a forked child could not use it), the ranks do.
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1",
-               "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8",
+               "CUDA_VISIBLE_DEVICES": gpus, "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8",
                "PYTHONUNBUFFERED": "1"}
         self.control, self.log = ours, log
         with open(log, "wb") as err:  # the grader's own file: no rank can write or link it

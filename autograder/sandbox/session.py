@@ -134,7 +134,7 @@ def _run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Pat
                     if server is not None:
                         server.stop()
                         result.restarts += 1
-                    server = ForkServer(group=server_group, deadline=deadline,
+                    server = ForkServer(group=server_group, deadline=deadline, gpus=job.gpus,
                                         log=workdir / "fork-server.log")
                 record, seen = run_launch(server, job, plan, limits, workdir=workdir,
                                           number=number, uid=uid, grade_group=grade_group,
