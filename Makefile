@@ -1,10 +1,12 @@
 # The README's two commands, and their helpers.
 #
-#   make lab     set up .venv if needed, then open JupyterLab on lessons/ (CPU)
+#   make lab     set up .venv if needed, then open JupyterLab at the repository root on the
+#                lesson map (lessons/README.md), as Binder does: lessons and labs one click away
 #   make test    set up .venv if needed, then run the whole test suite (what .ci/run calls)
 #                (and, the first time, install headless Chromium for the browser test: see browser,
 #                and SLURM for the cluster tests: see slurm)
 #   make test-busy   the same suite with a CPU-burning process beside it (a busy laptop)
+#   make site    the course as a static website in build/site/html (every lesson executed)
 #
 # Everything is installed into .venv inside the repo from the project's own files. torch is
 # pinned to the CPU build first so that `pip install -e .` (which accepts a range) installs no
@@ -19,10 +21,12 @@ CHROMIUM   := /usr/bin/chromium
 # Set once an apt-get install of Chromium was tried, so a failed one is not retried every run.
 BROWSER_STAMP := $(VENV)/.browser-tried
 SLURM_STAMP   := $(VENV)/.slurm-tried
+NODE_STAMP    := $(VENV)/.node-tried
+SITE_ARGS ?=
 PYTEST_ARGS ?=
 GPU_CHECK_ARGS ?=
 
-.PHONY: lab test test-busy setup browser slurm bench gpu-check clean help
+.PHONY: lab test test-busy setup browser slurm node site bench gpu-check clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -43,8 +47,12 @@ $(STAMP): pyproject.toml Makefile binder/overrides.json
 # JupyterLab refuses to start as root (containers, Binder-like machines) unless told it may.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-lab: setup  ## open JupyterLab on the lessons (CPU; prints the URL to open)
-	cd lessons && ../$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser $(LAB_ROOT)
+# Rooted at the repository (JupyterLab never goes above its root: rooted at lessons/, the labs
+# were out of reach); the URL it prints opens the lesson map first, rendered (overrides.json).
+LAB_MAP := --LabApp.default_url=/lab/tree/lessons/README.md
+
+lab: setup  ## open JupyterLab at the repo root on the lesson map (CPU; prints the URL to open)
+	$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser $(LAB_ROOT) $(LAB_MAP)
 
 # tests/test_browser.py runs the lessons in a real (headless) Chromium; without one it skips.
 # Debian's package is the only browser we can get: Playwright's own download needs the open
@@ -92,19 +100,44 @@ slurm: | $(STAMP)  ## install SLURM + munge for the cluster tests if missing (De
 	  fi; \
 	fi
 
+# Jupyter Book 2 (pip, in .venv) runs on Node.js >= 18; without one it would try to download
+# Node itself, which a closed network refuses. Debian's nodejs (bookworm: 18) is installed
+# when missing, as root; otherwise the site test skips and `make site` says why.
+node: | $(STAMP)  ## install Node.js for the website build if missing (Debian, as root; else its test skips)
+	@if node -e 'process.exit(parseInt(process.versions.node) >= 18 ? 0 : 1)' 2>/dev/null; then :; \
+	elif [ -e $(NODE_STAMP) ]; then \
+	  echo "site test will be skipped: installing nodejs failed before (see $(VENV)/node-install.log; rm $(NODE_STAMP) to retry)"; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "site test will be skipped: Node.js >= 18 is missing (install nodejs; as root with apt-get this step does it)"; \
+	else \
+	  touch $(NODE_STAMP); \
+	  echo "Installing nodejs for the website build (apt-get)..."; \
+	  if { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+	         nodejs; } > $(VENV)/node-install.log 2>&1 && command -v node >/dev/null 2>&1; then \
+	    echo "node $$(node --version) is installed"; \
+	  else \
+	    echo "site test will be skipped: apt-get install nodejs failed (see $(VENV)/node-install.log)"; \
+	  fi; \
+	fi
+
+# Every lesson executed once (2 at a time), parsed by Jupyter Book 2 / MyST, drawn as HTML:
+# build/site/html. SITE_ARGS: --execute NAMES (a subset), --jobs N, --repo OWNER/NAME (Binder).
+site: setup node  ## build the course website into build/site/html (runs every lesson once)
+	$(BIN)/python website/site_build.py $(SITE_ARGS)
+
 # On a GPU node, after installing a CUDA build of torch into .venv: what docs/cluster.md lists.
 # Without a CUDA torch and 2 GPUs it stops at once with a message (exit 2).
 gpu-check: setup  ## GPU node: GPU tests, NCCL benchmarks, every lesson on NCCL -> results/gpu-HOST/
 	$(BIN)/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
-test: setup browser slurm  ## run every test: unit, multi-rank, notebooks, lessons in a browser, SLURM
+test: setup browser slurm node  ## run every test: unit, multi-rank, notebooks, lessons in a browser, SLURM
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The suite as a busy laptop runs it: BURNERS processes that spin on the CPU beside pytest (on 2
 # cores, one burner takes half the machine). Started and stopped here, whatever pytest does, so
 # anyone can repeat the check that no test depends on how fast the machine is.
 BURNERS ?= 1
-test-busy: setup browser slurm  ## run every test with BURNERS (default 1) CPU-burning processes beside it
+test-busy: setup browser slurm node  ## run every test with BURNERS (default 1) CPU-burning processes beside it
 	@pids=""; for i in $$(seq $(BURNERS)); do sh -c 'while :; do :; done' & pids="$$pids $$!"; done; \
 	trap 'kill $$pids 2>/dev/null' INT TERM EXIT; \
 	echo "$(BURNERS) CPU burner(s) running beside the suite (pids$$pids)"; \

@@ -41,7 +41,8 @@ def run(path: Path, save_to: Path | None = None) -> tuple[float, int]:
     notebook (outputs included, also when a cell failed) is written there."""
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(path.parent)}})
+                                     resources={"metadata": {"path": str(path.parent)}},
+                                     store_widget_state=True)  # the site draws widgets from it
     peak = 0
     stop = threading.Event()
 

@@ -2,9 +2,11 @@
 bottom (Run → Run All Cells), then checks that no cell shows an error, that every plotly figure
 the kernel sent is drawn, that widgets are drawn, and that moving a slider redraws its figure.
 
-One JupyterLab (on a temporary copy of lessons/, so no output lands in the repository) and one
-browser serve the whole module. A full-page screenshot of each lesson goes to
-build/browser/<lesson>.png. Chromium comes from Debian (`make browser`); without it this skips.
+One JupyterLab, rooted as `make lab` roots it (a temporary copy of lessons/ and labs/ side by
+side, so no output lands in the repository; the Makefile's LAB_MAP opens the lesson map first),
+and one browser serve the whole module. A lab's playground runs there too. A full-page
+screenshot of each lesson goes to build/browser/<lesson>.png. Chromium comes from Debian
+(`make browser`); without it this skips.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "lessons"
+PLAYGROUND = sorted((ROOT / "labs").glob("*/playground.ipynb"))[0].relative_to(ROOT).as_posix()
+# `make lab`'s own JupyterLab options (the lesson map first), read from the Makefile.
+LAB_MAP = re.search(r"^LAB_MAP\s*:=\s*(.+)$", (ROOT / "Makefile").read_text(),
+                    re.M).group(1).split()
 SHOTS = ROOT / "build" / "browser"
 CHROMIUM = Path("/usr/bin/chromium")
 # Background networking, component updates and sync reach for Google's servers; on a closed
@@ -89,8 +95,8 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 def fresh_copy(src: Path, dst: Path) -> None:
-    """Copy the lessons without outputs, so counts and figures on screen come from this run."""
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    """Copy notebooks without outputs, so counts and figures on screen come from this run."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     for path in dst.glob("*.ipynb"):
         nb = nbformat.read(path, as_version=4)
         for cell in nb.cells:
@@ -102,7 +108,8 @@ def fresh_copy(src: Path, dst: Path) -> None:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     tmp = tmp_path_factory.mktemp("lab")
-    fresh_copy(LESSONS, tmp / "lessons")
+    fresh_copy(LESSONS, tmp / "root" / "lessons")
+    fresh_copy(ROOT / "labs", tmp / "root" / "labs")
     # Binder's settings (Markdown opens rendered, no news pop-up), as an app-level override...
     (tmp / "app-settings").mkdir()
     shutil.copy(ROOT / "binder" / "overrides.json", tmp / "app-settings" / "overrides.json")
@@ -112,9 +119,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     (tracker / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
     token = secrets.token_hex(16)
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", "--port=0",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp / 'lessons'}",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp / 'root'}",
            f"--LabApp.app_settings_dir={tmp / 'app-settings'}",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", *LAB_MAP]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
@@ -129,7 +136,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         while time.monotonic() < deadline and server.poll() is None:
             try:
                 info = json.loads(next((tmp / "runtime").glob("jpserver-*.json")).read_text())
-                lab = Lab(f"http://127.0.0.1:{info['port']}", token, tmp / "lessons")
+                lab = Lab(f"http://127.0.0.1:{info['port']}", token, tmp / "root")
                 lab.api("api/status")
                 break
             except (StopIteration, ValueError, OSError):  # not written (fully) yet, not answering
@@ -278,10 +285,23 @@ def full_page_screenshot(page: Page, path: Path) -> None:
     page.set_viewport_size({"width": 1280, "height": 900})
 
 
+def test_make_lab_opens_the_lesson_map_at_the_repository_root(lab: Lab, page: Page) -> None:
+    """`make lab`'s URL (the server's root) lands on the rendered map; labs/ is in reach."""
+    try:
+        page.goto(f"{lab.base}/?token={lab.token}")
+        page.wait_for_selector(".jp-RenderedMarkdown h1")
+        assert page.url.split("?")[0].endswith("/lab/tree/lessons/README.md"), page.url
+        assert page.inner_text(".jp-RenderedMarkdown h1").startswith("Lesson map")
+        top = {item["name"] for item in lab.api("api/contents")["content"]}
+        assert {"lessons", "labs"} <= top, f"the lab's root holds {sorted(top)}"
+    finally:
+        close_lesson(page, lab)
+
+
 def test_binder_landing_page_links_every_lesson(lab: Lab, page: Page) -> None:
     """Binder opens lessons/README.md (binder/overrides.json renders it): a link per lesson."""
     try:
-        open_in_lab(page, lab, "README.md")
+        open_in_lab(page, lab, "lessons/README.md")
         page.wait_for_selector(".jp-RenderedMarkdown h1")
         hrefs = page.eval_on_selector_all(".jp-RenderedMarkdown a", "els => els.map(e => e.href)")
         missing = [p.name for p in LESSONS.glob("*.ipynb") if not any(p.name in h for h in hrefs)]
@@ -297,9 +317,9 @@ def test_lesson_runs_and_draws_in_a_browser(lab: Lab, page: Page, lesson: Path) 
     shot = SHOTS / f"{lesson.stem}.png"
     start = time.monotonic()
     try:
-        open_in_lab(page, lab, lesson.name)
+        open_in_lab(page, lab, f"lessons/{lesson.name}")
         prompts = run_all_cells(page, lab)
-        nb = save_and_read(page, lab, lesson.name)
+        nb = save_and_read(page, lab, f"lessons/{lesson.name}")
         errors = error_outputs(nb)
         assert not errors, "\n\n".join(errors)
         assert all(re.fullmatch(r"\[\d+\]:", p) for p in prompts), f"cells did not run: {prompts}"
@@ -320,5 +340,23 @@ def test_lesson_runs_and_draws_in_a_browser(lab: Lab, page: Page, lesson: Path) 
             full_page_screenshot(page, shot)
             print(f"\n{lesson.name}: {time.monotonic() - start:.1f} s in the browser; "
                   f"screenshot {shot.relative_to(ROOT)}")
+        finally:
+            close_lesson(page, lab)
+
+
+def test_a_labs_playground_runs_from_the_same_lab(lab: Lab, page: Page) -> None:
+    """From the lesson map's JupyterLab, a lab's playground opens and runs top to bottom: its
+    kernel starts in the lab's folder, so `import <the student's module>` finds it."""
+    shot = SHOTS / f"{Path(PLAYGROUND).parent.name}-playground.png"
+    try:
+        open_in_lab(page, lab, PLAYGROUND)
+        prompts = run_all_cells(page, lab)
+        nb = save_and_read(page, lab, PLAYGROUND)
+        errors = error_outputs(nb)
+        assert not errors, "\n\n".join(errors)
+        assert prompts and all(re.fullmatch(r"\[\d+\]:", p) for p in prompts), prompts
+    finally:
+        try:
+            full_page_screenshot(page, shot)
         finally:
             close_lesson(page, lab)

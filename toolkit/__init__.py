@@ -8,7 +8,8 @@ top. `context_parallel` splits the sequence (ring attention, Ulysses), `recomput
 for activation memory, `flops` counts FLOPs and MFU/HFU, `memory` computes training memory per
 ZeRO stage, `planner` predicts memory per GPU and step time of dp × tp × pp × cp layouts on a
 cluster and ranks them, `experiments` runs the algorithms on ranks beside those models,
-`checkpoint` saves atomically (rank 0 writes) and resumes every rank.
+`checkpoint` saves atomically (rank 0 writes) and resumes every rank, `hub` builds nbgitpuller
+links and per-student memory limits for a class's JupyterHub.
 """
 
 __version__ = "0.1.0"
