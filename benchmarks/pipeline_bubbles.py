@@ -1,4 +1,4 @@
-"""Measured pipeline bubbles against the formula, and activation memory GPipe vs 1F1B.
+"""Measured pipeline bubbles against the formula: GPipe and 1F1B, ZB-H1, Chimera; memory.
 
 For p ∈ {2, 4} stages, m ∈ {1, 4, 8} micro-batches, GPipe and 1F1B, one training step of a
 4-block model runs on p gloo ranks (`toolkit.pipeline.run_pipeline`), with m micro-batches of
@@ -18,10 +18,22 @@ a fixed time per sample (forward `--forward` ms, backward twice that), so 4 rank
 not take turns on the CPU, and ops of 60-240 ms dwarf the messages' latency. Shorter ops
 (`--forward 2.5`) show the latency: the measured bubble grows above the formula. With real
 matrix products instead (`--busy`), ranks share cores and the measured bubble shows the OS
-scheduler as much as the schedule. A full run takes about a minute.
+scheduler as much as the schedule. The classic part takes about a minute.
 
-Usage: python benchmarks/pipeline_bubbles.py [--repeats 3] [--forward 30] [--rows 2]
-       [--width 256] [--busy] [--json out.json]
+`--part zb` measures ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): the
+blocks' `Delay` sleeps t_F forward, t_B on the input-gradient path and t_W on the weight-gradient
+path (`--times`, ms per sample, one or more "F/B/W" triples), so 1F1B's backward takes t_B + t_W
+and ZB-H1 runs B and W as separate ops. For p ∈ {2, 4}, m ∈ {4, 8}: the measured bubble of both
+(median of `--repeats`) next to the paper's idle time per stage, (p−1)(t_F + t_B + t_W) for
+1F1B and (p−1)(t_F + t_B − t_W) for ZB-H1 (section 2.3, Table 2), as a fraction of the step; the
+simulator fed with the run's own op times ("ideal"); and the peak activation bytes per stage
+(ZB-H1 keeps every micro-batch's graph and output gradients from its B to its W). `--part
+chimera` runs Chimera (Li & Hoefler, SC 2021) with equal forward and backward against its
+count, (p−2)/(2m+p−2), and 1F1B on the same model. `--part all` runs everything.
+
+Usage: python benchmarks/pipeline_bubbles.py [--part classic|zb|chimera|all] [--repeats 3]
+       [--forward 30] [--times 20/20/20,30/30/15] [--rows 2] [--width 256] [--busy]
+       [--json out.json]
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ from toolkit.pipeline import (
     bubble_fraction, delay_blocks, make_schedule, peak_activations, run_pipeline, simulate,
     stage_times,
 )
+from toolkit.pipeline.catalog import key
 
 BLOCKS = 4                  # model depth in blocks: p = 2 gets 2 per stage, p = 4 one
 SCHEDULES = ("gpipe", "1f1b")
@@ -122,6 +135,105 @@ def report(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _median_run(layers, x, y, name: str, p: int, m: int, repeats: int):
+    """`repeats` runs; (the run with the median bubble, every bubble, every makespan)."""
+    runs = [run_pipeline(layers, x, y, schedule=name, p=p, m=m, timeout=120)
+            for _ in range(repeats)]
+    order = sorted(range(len(runs)), key=lambda i: runs[i].bubble)
+    return (runs[order[len(runs) // 2]], [r.bubble for r in runs], [r.makespan for r in runs])
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
+
+
+def measure_split(args: argparse.Namespace, triples: list[tuple[float, float, float]]
+                  ) -> list[dict]:
+    """1F1B and ZB-H1 on Delay blocks with separate B and W sleeps (see the docstring)."""
+    rows = []
+    for f, b, w in triples:
+        layers = delay_blocks(BLOCKS, width=args.width, forward=f / 1e3, backward=b / 1e3,
+                              weight=w / 1e3)
+        for p in (2, 4):
+            for m in (4, 8):
+                batch = m * args.rows
+                x, y = torch.randn(batch, args.width), torch.randn(batch, args.width)
+                per_stage = BLOCKS // p * args.rows        # ms of each op per ms/sample/block
+                times = dict(forward=f * per_stage, backward=b * per_stage,
+                             weight=w * per_stage)
+                for name in ("1f1b", "zb-h1"):
+                    best, bubbles, spans = _median_run(layers, x, y, name, p, m, args.repeats)
+                    if name == "1f1b":   # the paper's 1F1B row: the whole backward is B + W
+                        formula = bubble_fraction(name, p=p, m=m)
+                    else:
+                        formula = bubble_fraction(name, p=p, m=m, **times)
+                    fw, bw, ww = stage_times(best.table, weight=True, per_stage=True)
+                    ideal = simulate(best.schedule, forward=fw, backward=bw, weight=ww).bubble
+                    rows.append(dict(times=f"{f:g}/{b:g}/{w:g}", p=p, m=m, schedule=name,
+                                     formula=formula, measured=statistics.median(bubbles),
+                                     low=min(bubbles), high=max(bubbles), ideal=ideal,
+                                     makespan_ms=statistics.median(spans) * 1e3,
+                                     peak_bytes=best.peak_bytes))
+    return rows
+
+
+def report_split(rows: list[dict]) -> str:
+    lines = ["ZB-H1 vs 1F1B: bubble = idle fraction of the step; formula = Qi et al. Table 2 "
+             "((p-1)(tF+tB+tW) vs (p-1)(tF+tB-tW) idle per stage); measured = median "
+             "[min, max]; ideal = simulator with the run's op times",
+             f"{'tF/tB/tW':>9} {'p':>2} {'m':>2} {'schedule':>8} | {'formula':>7} "
+             f"{'measured (median [min, max])':>29} {'rel':>6} {'ideal':>6} {'ms':>6} | "
+             f"peak KB per stage"]
+    for r in rows:
+        rel = (r["measured"] - r["formula"]) / r["formula"]
+        spread = _spread([r["low"], r["measured"], r["high"]])
+        lines.append(f"{r['times']:>9} {r['p']:>2} {r['m']:>2} {r['schedule']:>8} | "
+                     f"{r['formula']:7.3f} {spread:>29} {rel:+6.1%} {r['ideal']:6.3f} "
+                     f"{r['makespan_ms']:6.0f} | "
+                     + " ".join(f"{b / 1e3:.1f}" for b in r["peak_bytes"]))
+    zb = [r for r in rows if r["schedule"] == "zb-h1"]
+    worst = max(abs(r["measured"] - r["formula"]) / r["formula"] for r in zb)
+    lines.append(f"ZB-H1: largest relative difference measured vs formula {worst:.1%}")
+    by = {(r["times"], r["p"], r["m"], r["schedule"]): r for r in rows}
+    cut = [1 - by[t, p, m, "zb-h1"]["makespan_ms"] / by[t, p, m, "1f1b"]["makespan_ms"]
+           for (t, p, m, name) in by if name == "1f1b"]
+    lines.append(f"ZB-H1 step time below 1F1B's by {min(cut):.1%} … {max(cut):.1%}")
+    return "\n".join(lines)
+
+
+def measure_chimera(args: argparse.Namespace) -> list[dict]:
+    """Chimera and 1F1B with forward = backward (the paper's drawing), median bubbles."""
+    layers = delay_blocks(BLOCKS, width=args.width, forward=args.forward / 1e3,
+                          backward=args.forward / 1e3)
+    rows = []
+    for p, m in ((2, 2), (4, 4), (4, 8)):
+        x, y = torch.randn(m * args.rows, args.width), torch.randn(m * args.rows, args.width)
+        for name in ("1f1b", "chimera"):
+            best, bubbles, spans = _median_run(layers, x, y, name, p, m, args.repeats)
+            f, b = stage_times(best.table, v=1, per_stage=True)
+            rows.append(dict(p=p, m=m, schedule=name, measured=statistics.median(bubbles),
+                             low=min(bubbles), high=max(bubbles),
+                             formula=bubble_fraction(key(name), p=p, m=m),
+                             ideal=simulate(best.schedule, forward=f, backward=b).bubble,
+                             makespan_ms=statistics.median(spans) * 1e3,
+                             peak_bytes=best.peak_bytes))
+    return rows
+
+
+def report_chimera(rows: list[dict]) -> str:
+    lines = ["Chimera vs 1F1B, forward = backward: formula (p-2)/(2m+p-2) vs (p-1)/(m+p-1); "
+             "Chimera's m = 2p runs two units back to back (the formula's value needs their "
+             "fills and drains to overlap)",
+             f"{'p':>2} {'m':>2} {'schedule':>8} | {'formula':>7} "
+             f"{'measured (median [min, max])':>29} {'ideal':>6} {'ms':>6} | peak KB per stage"]
+    for r in rows:
+        lines.append(f"{r['p']:>2} {r['m']:>2} {r['schedule']:>8} | {r['formula']:7.3f} "
+                     f"{_spread([r['low'], r['measured'], r['high']]):>29} {r['ideal']:6.3f} "
+                     f"{r['makespan_ms']:6.0f} | "
+                     + " ".join(f"{b / 1e3:.1f}" for b in r["peak_bytes"]))
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3, help="runs per configuration (median)")
@@ -130,20 +242,34 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=2, help="samples per micro-batch")
     ap.add_argument("--width", type=int, default=256, help="features per sample")
     ap.add_argument("--busy", action="store_true", help="real matmuls instead of sleeps")
+    ap.add_argument("--part", choices=("classic", "zb", "chimera", "all"), default="classic",
+                    help="which measurement (see the module docstring)")
+    ap.add_argument("--times", default="20/20/20,30/30/15",
+                    help="ZB-H1: comma-separated tF/tB/tW triples, ms per sample per block")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    rows = measure(args)
-    print(f"{BLOCKS} blocks of Linear({args.width}, {args.width}) + "
-          + ("40 matmuls (busy)" if args.busy else
-             f"Delay({args.forward:g} ms/sample fwd, {2 * args.forward:g} ms bwd)")
-          + f", {args.rows} samples per micro-batch, {args.repeats} runs each; gloo on "
-          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start\n")
-    print(report(rows))
-    print(f"\n({time.perf_counter() - t0:.0f} s; load average {os.getloadavg()[0]:.1f} at the end)")
+    print(f"{BLOCKS} blocks of Linear({args.width}, {args.width}) + Delay, {args.rows} samples "
+          f"per micro-batch, {args.repeats} runs each; gloo on {os.cpu_count()} cores, load "
+          f"average {os.getloadavg()[0]:.1f} at the start\n")
+    out: dict[str, list[dict]] = {}
+    if args.part in ("classic", "all"):
+        out["classic"] = rows = measure(args)
+        print(("40 matmuls per block (busy)\n" if args.busy else
+               f"Delay({args.forward:g} ms/sample fwd, {2 * args.forward:g} ms bwd)\n")
+              + report(rows) + "\n")
+    if args.part in ("zb", "all"):
+        triples = [tuple(float(t) for t in triple.split("/")) for triple in
+                   args.times.split(",")]
+        out["zb"] = rows = measure_split(args, triples)
+        print(report_split(rows) + "\n")
+    if args.part in ("chimera", "all"):
+        out["chimera"] = rows = measure_chimera(args)
+        print(report_chimera(rows) + "\n")
+    print(f"({time.perf_counter() - t0:.0f} s; load average {os.getloadavg()[0]:.1f} at the end)")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1, default=str)
+            json.dump(out, fh, indent=1, default=str)
 
 
 if __name__ == "__main__":

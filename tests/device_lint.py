@@ -39,6 +39,7 @@ HOST_ONLY = frozenset({
     "toolkit/cost/bubble.py", "toolkit/pipeline/simulate.py", "toolkit/pipeline/validate.py",
     "toolkit/data_parallel/fsdp_schedule.py", "toolkit/launch/launcher.py",
     "toolkit/launch/diagnose.py", "toolkit/launch/output.py", "toolkit/launch/rankproc.py",
+    "toolkit/formats.py",
 })
 
 # (file, function) -> why that function's factories must make host tensors. Short on purpose:
@@ -51,6 +52,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         "generator gives others); moved to `device=` before returning",
     ("toolkit/models.py", "make_token_data"):
         "seeded draw from a CPU torch.Generator, as make_regression_data; moved to `device=`",
+    ("toolkit/pipeline/token_layers.py", "SlicedAttention.__init__"):
+        "seeded draw from a CPU torch.Generator, bitwise the same weights on every rank and "
+        "device (as the tiny models); moved to `device=` at once",
     ("toolkit/tensor_parallel/layers.py", "_dense_init"):
         "the full dense weight from a CPU generator, bitwise the same on every rank and device "
         "(Megatron's CPU initialisation); each rank copies its slice onto its parameter's device",
@@ -72,6 +76,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("labs/05_tensor_parallel_mlp/harness.py", "_randn"):
         "seeded weights and inputs from a CPU generator, shared with the grader's dense "
         "reference (expected.py); _mine moves a rank's inputs to its device",
+    ("toolkit/offload/store.py", "host_tensor"):
+        "the offload tiers are host memory by definition: a file mapping seen as a tensor, or "
+        "(pinned, with a GPU) host memory that the device copies to and from by DMA",
     ("lessons/12_tensor_parallel.ipynb", "randn"):
         "the lesson's seeded draws, the same on every rank and in the kernel's dense reference; "
         "rank functions move what they use to their device (on_rank)",

@@ -57,7 +57,9 @@ def test_every_allow_list_entry_is_still_needed_and_explained():
     stale = sorted(set(lint.ALLOWED) - used)
     assert not stale, f"allow-list entries that match nothing any more (remove them): {stale}"
     assert all(len(why) > 40 for why in lint.ALLOWED.values())
-    assert len(lint.ALLOWED) <= 12, "the allow-list is for a few host tensors, not a way out"
+    # 13: the offload tiers' host_tensor (host memory is what an offload store is) joined the
+    # 12 entries main had.
+    assert len(lint.ALLOWED) <= 13, "the allow-list is for a few host tensors, not a way out"
 
 
 def test_the_rank_side_files_cover_toolkit_labs_and_notebooks():

@@ -23,11 +23,13 @@ LAYER = {
     "comm": "comm",
     "launch": "launch",
     "cost": "models", "memory": "models", "flops": "models", "planner": "models",
-    "roofline": "models",
+    "formats": "models", "roofline": "models",
     "collectives": "algorithms", "data_parallel": "algorithms", "pipeline": "algorithms",
     "tensor_parallel": "algorithms", "context_parallel": "algorithms",
-    "checkpoint": "algorithms", "recompute": "algorithms",
+    "checkpoint": "algorithms", "recompute": "algorithms", "offload": "algorithms",
+    "precision": "algorithms", "expert_parallel": "algorithms",
     "experiments": "experiments",
+    "frameworks": "frameworks",
     "viz": "viz",
     "widgets": "widgets",
 }
@@ -39,7 +41,9 @@ MAY_IMPORT = {
     "launch": {"launch", "comm"},
     "models": {"base", "models"},
     "algorithms": {"base", "comm", "launch", "models", "algorithms"},
-    "experiments": {"base", "comm", "launch", "models", "algorithms", "experiments"},
+    "experiments": {"base", "comm", "launch", "models", "algorithms", "frameworks",
+                    "experiments"},
+    "frameworks": {"base", "comm", "algorithms", "frameworks"},
     "viz": {"base", "comm", "models", "viz"},
     "widgets": {"base", "models", "algorithms", "viz", "widgets"},
 }
@@ -54,6 +58,8 @@ WHY = {
     "algorithms": "algorithms run inside ranks; what runs them and compares with a model is "
                   "toolkit.experiments, and figures are toolkit.viz",
     "experiments": "experiments sit under viz and widgets",
+    "frameworks": "the course's code inside PyTorch Lightning runs in ranks like an algorithm; "
+                  "what starts processes is toolkit.experiments.frameworks",
     "viz": "figures are pure functions of data: they may read the recorder's types and the "
            "models' numbers, never run an algorithm or start ranks",
     "widgets": "widgets wire sliders to pure views: they start no ranks (no launch, no "
@@ -62,6 +68,12 @@ WHY = {
 PROCESS_MACHINERY = ("subprocess", "multiprocessing", "torch.multiprocessing",
                      "torch.distributed", "psutil")
 PURE = ("base", "models", "viz")
+LIGHTNING = ("pytorch_lightning", "lightning", "lightning_fabric")
+"""Top-level names of PyTorch Lightning's packages (seconds to import)."""
+LIGHTNING_USERS = {"toolkit.frameworks": {"toolkit.experiments.frameworks"},
+                   "toolkit.experiments.frameworks": set()}
+"""The only modules that import Lightning, and the only toolkit modules that may import each of
+them: no other lesson, lab or test pays for Lightning's import (lesson 16 does)."""
 
 
 def module_name(path: Path) -> str:
@@ -186,6 +198,28 @@ def test_packages_import_one_another_without_a_cycle():
     assert cycle is None, f"import cycle between toolkit packages: {' -> '.join(cycle)}"
 
 
+def lightning_violations() -> list[str]:
+    found = []
+    for path in toolkit_files():
+        me = module_name(path)
+        rel = path.relative_to(ROOT)
+        for target, line, _ in imports(path):
+            if target.split(".")[0] in LIGHTNING and me not in LIGHTNING_USERS:
+                found.append(f"{rel}:{line} imports {target}: only {sorted(LIGHTNING_USERS)} "
+                             f"import Lightning, so that no other module pays its import time")
+            for module, allowed in LIGHTNING_USERS.items():
+                if (target == module or target.startswith(module + ".")) and me != module \
+                        and me not in allowed:
+                    found.append(f"{rel}:{line} imports {target}, which imports Lightning: "
+                                 f"only {sorted(allowed) or 'no toolkit module'} may")
+    return found
+
+
+def test_only_the_framework_modules_import_lightning():
+    found = lightning_violations()
+    assert not found, "Lightning imported outside its two modules:\n" + "\n".join(found)
+
+
 # -- the checks can fail -------------------------------------------------------------------------
 
 def test_the_rules_catch_a_model_importing_an_algorithm_a_late_import_and_a_cycle(tmp_path,
@@ -208,6 +242,23 @@ def test_the_rules_catch_a_model_importing_an_algorithm_a_late_import_and_a_cycl
     assert "toolkit/cost/bubble.py:6 imports toolkit.pipeline inside a function" in found
     assert "toolkit/cost/bubble.py:1 imports subprocess: a models module starts no process" in found
     assert find_cycle(package_graph()) == ["cost", "pipeline", "cost"]
+
+
+def test_the_lightning_rule_catches_a_module_that_imports_it(tmp_path, monkeypatch):
+    pkg = tmp_path / "toolkit"
+    (pkg / "experiments").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "frameworks.py").write_text("import pytorch_lightning\n")
+    (pkg / "experiments" / "__init__.py").write_text("from .. import frameworks\n")
+    (pkg / "experiments" / "frameworks.py").write_text("from ..frameworks import x\n")
+    (pkg / "memory.py").write_text("from lightning.pytorch import Trainer\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    monkeypatch.setattr(__import__(__name__), "TOOLKIT", pkg)
+    found = "\n".join(lightning_violations())
+    assert "toolkit/memory.py:1 imports lightning.pytorch: only" in found
+    assert ("toolkit/experiments/__init__.py:1 imports toolkit.frameworks, which imports "
+            "Lightning") in found
+    assert "experiments/frameworks.py" not in found and "toolkit/frameworks.py" not in found
 
 
 @pytest.mark.parametrize("graph, cycle", [

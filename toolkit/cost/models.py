@@ -21,6 +21,13 @@ Bandwidths as nccl-tests defines them (doc/PERFORMANCE.md): algorithm bandwidth 
 bus bandwidth busbw = algbw · factor, factor 2(p−1)/p for all-reduce, (p−1)/p for
 reduce-scatter, all-gather and all-to-all, 1 for broadcast and reduce. busbw is what compares with
 a link's peak bandwidth, whatever p is.
+
+All-to-all (expert parallelism's dispatch and combine, Ulysses): each rank passes in n bytes, a
+piece for every rank, and keeps its own piece. The pairwise exchange (Thakur et al. 2005, their
+all-to-all for long messages: in step i rank r sends to r + i and receives from r − i) takes
+p − 1 rounds and sends (p − 1)/p·n per rank when the pieces are equal:
+t = (p − 1)·α + (p − 1)/p·n·β, with nccl-tests' bus factor (p − 1)/p. With uneven pieces (routed
+tokens) the busiest rank's bytes decide; `toolkit.cost.experts` counts them piece by piece.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ COEFFICIENTS: dict[str, dict[str, Callable[[int], tuple[float, float]]]] = {
     "all_gather": {"ring": lambda p: (p - 1, (p - 1) / p)},
     "scatter": {"linear": lambda p: (p - 1, (p - 1) / p)},
     "gather": {"linear": lambda p: (p - 1, (p - 1) / p)},
+    "all_to_all": {"pairwise": lambda p: (p - 1, (p - 1) / p)},
 }
 """Model coefficients by collective and algorithm name (the names `toolkit.collectives` uses).
 Figures and the explorer draw these; algorithms in `SAME_MODEL` share one of them."""
@@ -158,6 +166,7 @@ SENT: dict[str, dict[str, Callable[[int], float]]] = {
     "all_gather": {"ring": lambda p: (p - 1) / p},
     "scatter": {"linear": lambda p: (p - 1) / p},
     "gather": {"linear": lambda p: 1 / p if p > 1 else 0},
+    "all_to_all": {"pairwise": lambda p: (p - 1) / p},
 }
 
 

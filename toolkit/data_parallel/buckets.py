@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..arguments import check_int, check_positive
 
-__all__ = ["DEFAULT_BUCKET_CAP_MB", "Bucket", "assign_buckets", "bucket_cap_bytes"]
+__all__ = ["DEFAULT_BUCKET_CAP_MB", "Bucket", "HookBucket", "assign_buckets", "bucket_cap_bytes"]
 
 DEFAULT_BUCKET_CAP_MB = 25.0
 """PyTorch DDP's default ``bucket_cap_mb`` (MiB of gradients per bucket)."""
@@ -141,3 +141,28 @@ class Bucket:
 
     def __repr__(self) -> str:
         return f"Bucket({self.index}, {len(self.params)} params, {self.nbytes:,} bytes)"
+
+
+class HookBucket:
+    """A `Bucket` seen through the interface of torch's ``dist.GradBucket``, so one DDP
+    communication hook (``hook(state, bucket) -> Future``) runs on torch's DDP and the course's:
+    ``buffer()`` (the flat gradients), ``gradients()`` (views of it shaped like the
+    parameters), ``parameters()``, ``index()``, ``is_last()``."""
+
+    def __init__(self, bucket: Bucket, *, is_last: bool) -> None:
+        self._bucket, self._is_last = bucket, is_last
+
+    def buffer(self) -> Tensor:
+        return self._bucket.buffer
+
+    def gradients(self) -> list[Tensor]:
+        return [self._bucket.view(p) for p in self._bucket.params]
+
+    def parameters(self) -> list[nn.Parameter]:
+        return list(self._bucket.params)
+
+    def index(self) -> int:
+        return self._bucket.index
+
+    def is_last(self) -> bool:
+        return self._is_last

@@ -44,6 +44,10 @@ The seams a lab can leave to students, each a few lines with a reference to test
 buffer in and out), `BucketedDDP._finish` (reduce after backward) and
 `OverlappedDDP._grad_ready` / `_launch_ready` / `_finish` (launch during backward, in order,
 then wait). `NaiveDDP` is the reference they are checked against.
+
+`BucketedDDP.register_comm_hook(state, hook)` replaces each bucket's all-reduce by a DDP
+communication hook with torch's signature (``hook(state, bucket) -> Future`` of the averaged
+flat buffer; the bucket is a `HookBucket`), e.g. `toolkit.data_parallel.powersgd.powersgd_hook`.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
 
-from .buckets import DEFAULT_BUCKET_CAP_MB, Bucket, assign_buckets, bucket_cap_bytes
+from .buckets import DEFAULT_BUCKET_CAP_MB, Bucket, HookBucket, assign_buckets, bucket_cap_bytes
 
 __all__ = ["BucketedDDP", "NaiveDDP", "OverlappedDDP", "broadcast_module"]
 
@@ -167,12 +171,42 @@ class BucketedDDP(_DataParallel):
         groups = assign_buckets(self.sync_params, bucket_cap_bytes(bucket_cap_mb))
         self.buckets = [Bucket(i, [self.sync_params[j] for j in g]) for i, g in enumerate(groups)]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self._comm_hook: tuple[Any, Any] | None = None
+
+    def register_comm_hook(self, state: Any, hook: Any) -> None:
+        """Reduce every bucket with ``hook(state, bucket)`` instead of an all-reduce of its
+        mean, as ``torch.nn.parallel.DistributedDataParallel.register_comm_hook`` does: the
+        hook gets a `HookBucket` and returns a future whose value is the flat buffer of
+        *averaged* gradients. Register once, before the first backward."""
+        if not callable(hook):
+            raise TypeError(f"register_comm_hook(hook=...) must be callable, got "
+                            f"{type(hook).__name__}")
+        if self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook: a hook is already registered (once only)")
+        self._comm_hook = (state, hook)
+
+    def _reduce(self, bucket: Bucket, *, async_op: bool) -> Any:
+        """Start the reduction of one packed bucket: a handle with ``wait()``, or None when a
+        plain synchronous all-reduce has already finished it."""
+        if self._comm_hook is None:
+            return self._all_reduce_mean(bucket.buffer, async_op=async_op)
+        state, hook = self._comm_hook
+        return hook(state, HookBucket(bucket, is_last=bucket.index == len(self.buckets) - 1))
+
+    def _collect(self, bucket: Bucket, handle: Any) -> None:
+        """Wait for a bucket's reduction and copy its averaged gradients out."""
+        result = None if handle is None else handle.wait()
+        if self._comm_hook is not None:   # a hook's future holds the reduced flat buffer
+            value = result[0] if isinstance(result, (list, tuple)) else result
+            if value.data_ptr() != bucket.buffer.data_ptr():
+                bucket.buffer.copy_(value)
+        bucket.unpack()
 
     def _finish(self) -> None:
         for bucket in self.buckets:
             bucket.pack_missing()                  # copy every .grad (or zeros) in
-            self._all_reduce_mean(bucket.buffer)   # one message for the whole bucket
-            bucket.unpack()                        # averaged gradients back out
+            # one message for the whole bucket, then averaged gradients back out
+            self._collect(bucket, self._reduce(bucket, async_op=False))
 
 
 class OverlappedDDP(BucketedDDP):
@@ -199,7 +233,7 @@ class OverlappedDDP(BucketedDDP):
             bucket = self.buckets[self._next_launch]
             if bucket.pending:
                 return
-            bucket.work = self._all_reduce_mean(bucket.buffer, async_op=True)
+            bucket.work = self._reduce(bucket, async_op=True)
             self._next_launch += 1
 
     def _grad_ready(self, param: nn.Parameter) -> None:
@@ -211,6 +245,5 @@ class OverlappedDDP(BucketedDDP):
             bucket.pack_missing()   # parameters without a gradient this step: zeros
         self._launch_ready()
         for bucket in self.buckets:
-            bucket.work.wait()
-            bucket.unpack()
+            self._collect(bucket, bucket.work)
         self._next_launch = 0

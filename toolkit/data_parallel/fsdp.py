@@ -1,7 +1,7 @@
 """Fully sharded data parallelism (ZeRO stage 3) from scratch.
 
 Rajbhandari et al., "ZeRO", SC 2020, §5.3; Zhao et al., "PyTorch FSDP", VLDB 2023, §3. Every
-rank stores 1/N_d of each unit's parameters as a flat fp32 shard, so model states cost
+rank stores 1/N_d of each unit's parameters as a flat shard (fp32 by default), so model states cost
 (p + g + K)·Ψ/N_d bytes per rank (16Ψ/N_d with mixed-precision Adam). Per unit and step:
 
     forward    all-gather the unit's parameters → run it → free them
@@ -30,8 +30,19 @@ A hook on the unit's outputs re-gathers just before its backward; a hook on ``fu
 accumulation reduce-scatters the gradient into the shard's ``.grad`` and frees the buffer.
 Writes go through ``.data`` so they do not bump the version counter autograd checks.
 
-`compute_dtype` (e.g. bf16) casts the shard on the way into the all-gather, and floating-point
-inputs; master shards, gradients after the reduce-scatter and the optimizer stay fp32.
+Mixed precision (the FSDP paper's native mixed precision; torch's ``MixedPrecisionPolicy(
+param_dtype, reduce_dtype)``; lesson 05), three dtypes:
+
+    compute_dtype   the gathered parameters and floating inputs (None: the shard dtype): the
+                    shard is cast on the way into the all-gather, so bf16 halves its bytes
+    reduce_dtype    the gradient reduce-scatter (default fp32: "reduce in fp32, compute in
+                    bf16", one rounding instead of N − 1; bf16 halves the bytes)
+    shard_dtype     the persistent shards and their gradients (default fp32: the shards *are*
+                    the master weights, 4 + 4 + 8 bytes per parameter over N_d with Adam, as
+                    PyTorch FSDP keeps them); bf16 shards with an fp32-master optimizer
+                    (`toolkit.precision.MasterWeightOptimizer`) are DeepSpeed ZeRO-3's layout,
+                    2 + 2 + 12. Both are 16Ψ/N_d.
+
 `prefetch=True` starts the next unit's all-gather (asynchronously) as soon as the current one
 has its parameters, in forward (next unit) and backward (previous unit).
 
@@ -75,26 +86,30 @@ class State(enum.Enum):
 
 
 class FlatGroup:
-    """Parameters of one unit with one ``requires_grad``: a flat fp32 shard and a gathered
-    buffer ``full`` (compute dtype) whose storage exists only while gathered (`state`)."""
+    """Parameters of one unit with one ``requires_grad``: a flat shard (`shard_dtype`) and a
+    gathered buffer ``full`` (compute dtype) whose storage exists only while gathered
+    (`state`)."""
 
     def __init__(self, params: list[ParamInfo], *, trainable: bool, world_size: int, rank: int,
-                 compute_dtype: torch.dtype | None, group: Any):
+                 compute_dtype: torch.dtype | None, group: Any,
+                 shard_dtype: torch.dtype = torch.float32,
+                 reduce_dtype: torch.dtype = torch.float32):
         self.world_size, self.group, self.trainable = world_size, group, trainable
         self.numel = sum(q.param.numel() for q in params)
         self.shard_numel = shard_numel(self.numel, world_size)
         device = params[0].param.device  # shard and gathered buffer live where the parameters do
-        flat = torch.zeros(world_size * self.shard_numel, dtype=torch.float32, device=device)
+        flat = torch.zeros(world_size * self.shard_numel, dtype=shard_dtype, device=device)
         self.entries: list[Entry] = []
         offset = 0
         for q in params:
             p = q.param
-            flat[offset:offset + p.numel()] = p.detach().reshape(-1).float()
+            flat[offset:offset + p.numel()] = p.detach().reshape(-1).to(shard_dtype)
             self.entries.append(Entry(offset, p.numel(), p.shape, q.slots, q.name))
             offset += p.numel()
         lo = rank * self.shard_numel
         self.shard = nn.Parameter(flat[lo:lo + self.shard_numel].clone(), requires_grad=trainable)
-        self.dtype = compute_dtype or torch.float32
+        self.dtype = compute_dtype or shard_dtype
+        self.reduce_dtype = reduce_dtype
         self.full = torch.zeros(world_size * self.shard_numel, dtype=self.dtype, device=device,
                                 requires_grad=trainable)
         self.pending: tuple[Any, Tensor] | None = None  # (async work, its input) of a prefetch
@@ -161,13 +176,14 @@ class FlatGroup:
         self.state = State.FREED
 
     def _reduce_scatter(self, full: Tensor) -> None:
-        """Post-accumulate hook: mean gradient of my shard (reduced in fp32), then free."""
+        """Post-accumulate hook: mean gradient of my shard (reduced in `reduce_dtype`, stored
+        in the shard's dtype), then free."""
         self._check(State.GATHERED)  # the gradient came from the gathered parameters
-        grad = full.grad.float()
+        grad = full.grad.to(self.reduce_dtype)
         full.grad = None
-        mine = torch.empty(self.shard_numel, dtype=torch.float32, device=grad.device)
+        mine = torch.empty(self.shard_numel, dtype=self.reduce_dtype, device=grad.device)
         dist.reduce_scatter_tensor(mine, grad, group=self.group)
-        mine.div_(self.world_size)
+        mine = mine.div_(self.world_size).to(self.shard.dtype)
         if self.shard.grad is None:
             self.shard.grad = mine
         else:
@@ -178,7 +194,7 @@ class FlatGroup:
         """The full fp32 parameters (a new tensor; for `full_state_dict`)."""
         out = torch.empty(self.world_size * self.shard_numel, dtype=torch.float32,
                           device=self.shard.device)
-        dist.all_gather_into_tensor(out, self.shard.detach(), group=self.group)
+        dist.all_gather_into_tensor(out, self.shard.detach().float(), group=self.group)
         return out
 
 
@@ -188,14 +204,17 @@ class FullyShardedDataParallel(nn.Module):
 
     def __init__(self, module: nn.Module, units: Iterable[nn.Module] | None = None, *,
                  compute_dtype: torch.dtype | None = None, prefetch: bool = False,
-                 process_group: Any = None) -> None:
+                 process_group: Any = None, reduce_dtype: torch.dtype = torch.float32,
+                 shard_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("FullyShardedDataParallel: torch.distributed is not initialised "
                                "(run inside toolkit.launch.spawn)")
-        if compute_dtype is not None and not compute_dtype.is_floating_point:
-            raise ValueError(f"FullyShardedDataParallel: compute_dtype must be a floating "
-                             f"dtype, got {compute_dtype}")
+        for name, dtype in (("compute_dtype", compute_dtype), ("reduce_dtype", reduce_dtype),
+                            ("shard_dtype", shard_dtype)):
+            if dtype is not None and not dtype.is_floating_point:
+                raise ValueError(f"FullyShardedDataParallel: {name} must be a floating dtype, "
+                                 f"got {dtype}")
         self.module = module
         self.compute_dtype, self.prefetch, self.group = compute_dtype, prefetch, process_group
         self.world_size = dist.get_world_size(process_group)
@@ -211,7 +230,8 @@ class FullyShardedDataParallel(nn.Module):
                 if chosen:
                     groups_by_unit[index].append(FlatGroup(
                         chosen, trainable=trainable, world_size=self.world_size,
-                        rank=self.rank, compute_dtype=compute_dtype, group=process_group))
+                        rank=self.rank, compute_dtype=compute_dtype, group=process_group,
+                        shard_dtype=shard_dtype, reduce_dtype=reduce_dtype))
         for mod, attr in (slot for q in params for slot in q.slots):
             del mod._parameters[attr]  # from now on the slot is set from a gathered view
         self.unit_groups, self.root_groups = groups_by_unit[:-1], groups_by_unit[-1]

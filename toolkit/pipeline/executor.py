@@ -12,6 +12,12 @@ timed (``time.perf_counter``, one system-wide monotonic clock for all ranks on a
 table has the simulator's columns (`toolkit.pipeline.simulate`), in seconds from the first op,
 and `PipelineRun.peak_bytes` the most bytes of saved activations each stage held at once.
 
+Any valid schedule runs: W ops (ZB-H1: the backward split into input and weight gradients,
+`toolkit.pipeline.compute` says how), Chimera's two pipelines (each rank holds two stages; the
+replicas' gradients are summed at the end), token slices of one sequence (TeraPipe: a layer
+that carries the keys and values of earlier slices, `token_layers.SlicedAttention`, keeps them
+between ops, and is told when a sequence starts).
+
 Parameters shared by layers on different ranks (tied weights) are not supported: each rank would
 hold only its share of the gradient.
 """
@@ -26,7 +32,8 @@ from torch import Tensor, nn
 
 from ..arguments import check_ints
 from ..launch import spawn
-from .schedules import Schedule, make_schedule
+from .catalog import make_schedule
+from .schedules import Schedule
 from .simulate import COLUMNS, idle_fraction
 from .stage import LossFn, assign_layers, run_stage
 from .validate import check_schedule
@@ -50,6 +57,9 @@ class PipelineRun:
     """Per stage, the most bytes of saved activations held at once."""
     mb_bytes: list[dict[tuple[int, int], int]]
     """Per stage, bytes saved by each (micro-batch, chunk)'s forward."""
+    grad_bytes: list[dict[tuple[int, int], int]] = field(default_factory=list)
+    """Per stage, bytes of output gradients each (micro-batch, chunk) kept from its B to its W
+    (empty dicts without W ops)."""
     layers: list[list[range]] = field(default_factory=list)
     """Per rank, per chunk, the layer indices it ran (`assign_layers`)."""
 
@@ -71,9 +81,10 @@ def run_pipeline(layers: Sequence[nn.Module] | nn.Sequential, x: Tensor, y: Tens
     """One training step's forward and backward of ``nn.Sequential(*layers)`` on (x, y), run as a
     pipeline on p gloo ranks (`toolkit.launch.spawn`) with the given schedule.
 
-    `schedule` is a name (``"naive"``, ``"gpipe"``, ``"1f1b"``, ``"interleaved"``; then p is
-    required, m defaults to 1, v to 1) or a `Schedule` (which fixes p, m and v; it is checked
-    with `check_schedule` first, so a bad one raises `ScheduleError` instead of hanging).
+    `schedule` is a name (one of `toolkit.pipeline.NAMES`: ``"gpipe"``, ``"1f1b"``,
+    ``"zb-h1"``, ``"chimera"``, …; then p is required, m defaults to 1, v to 1) or a `Schedule`
+    (which fixes p, m and v; it is checked with `check_schedule` first, so a bad one raises
+    `ScheduleError` instead of hanging).
     `loss_fn(out, y)` must average over samples (default: mean squared error).
     """
     if isinstance(layers, nn.Module) and not isinstance(layers, (nn.Sequential, nn.ModuleList)):
@@ -91,7 +102,7 @@ def run_pipeline(layers: Sequence[nn.Module] | nn.Sequential, x: Tensor, y: Tens
             raise ValueError("run_pipeline: pass p, the number of stages (ranks)")
         check_ints("run_pipeline", p=p, m=1 if m is None else m, v=1 if v is None else v)
         sched = make_schedule(schedule, p=p, m=m or 1, v=v or 1)
-    ranges = assign_layers(len(layers), p=sched.p, v=sched.v)
+    ranges = assign_layers(len(layers), p=sched.p, v=sched.v, layout=sched.layout)
     if len(x) != len(y):
         raise ValueError(f"run_pipeline: x has {len(x)} samples but y has {len(y)}")
     if sched.m > len(x):
@@ -110,7 +121,8 @@ def run_pipeline(layers: Sequence[nn.Module] | nn.Sequential, x: Tensor, y: Tens
     return PipelineRun(schedule=sched, table=table, grads=grads,
                        loss=sum(res["loss"] for res in results),
                        peak_bytes=[res["peak_bytes"] for res in results],
-                       mb_bytes=[res["mb_bytes"] for res in results], layers=ranges)
+                       mb_bytes=[res["mb_bytes"] for res in results],
+                       grad_bytes=[res["grad_bytes"] for res in results], layers=ranges)
 
 
 __all__ = ["PipelineRun", "run_pipeline"]

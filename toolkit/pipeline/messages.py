@@ -1,9 +1,10 @@
 """The messages between pipeline stages: who sends what to whom under which tag, and a rank's
 mailbox that posts receives ahead and sends without blocking.
 
-A pipeline of V = p·v virtual stages (virtual stage k = chunk c of rank r, k = c·p + r) passes
-one activation forward (k → k+1) and one gradient backward (k → k−1) per micro-batch. Each
-message has its own tag,
+A micro-batch's path has V = `Schedule.depth` positions (loop layout: virtual stage k = chunk c
+of rank r, k = c·p + r; bidirectional: its pipeline's p stages, `Schedule.place`). Each
+micro-batch passes one activation forward (k → k+1) and one gradient backward (k → k−1) per
+step of its path; W ops (weight gradients) send nothing. Each message has its own tag,
 
     tag = (mb · V + sender) · 2 + backward
 
@@ -43,27 +44,30 @@ class Routes:
 
     def __init__(self, schedule: Schedule, rank: int) -> None:
         self.schedule, self.rank = schedule, rank
-        self.n_virtual = schedule.p * schedule.v
+        self.n_virtual = schedule.depth
 
     def virtual(self, op: Op) -> int:
         return self.schedule.virtual_stage(self.rank, op.chunk)
 
+    def _rank(self, op: Op, k: int) -> int:
+        return self.schedule.place(k, op.chunk)[0]
+
     def incoming(self, op: Op) -> Route | None:
         """F(mb) on k > 0 waits for k−1's activation; B(mb) on k < V−1 for k+1's gradient."""
-        k, p = self.virtual(op), self.schedule.p
+        k = self.virtual(op)
         if op.kind == "F" and k > 0:
-            return Route((k - 1) % p, tag(op.mb, k - 1, self.n_virtual, False))
+            return Route(self._rank(op, k - 1), tag(op.mb, k - 1, self.n_virtual, False))
         if op.kind == "B" and k < self.n_virtual - 1:
-            return Route((k + 1) % p, tag(op.mb, k + 1, self.n_virtual, True))
+            return Route(self._rank(op, k + 1), tag(op.mb, k + 1, self.n_virtual, True))
         return None
 
     def outgoing(self, op: Op) -> Route | None:
         """F(mb) on k < V−1 sends its output to k+1; B(mb) on k > 0 its input's gradient to k−1."""
-        k, p = self.virtual(op), self.schedule.p
+        k = self.virtual(op)
         if op.kind == "F" and k < self.n_virtual - 1:
-            return Route((k + 1) % p, tag(op.mb, k, self.n_virtual, False))
+            return Route(self._rank(op, k + 1), tag(op.mb, k, self.n_virtual, False))
         if op.kind == "B" and k > 0:
-            return Route((k - 1) % p, tag(op.mb, k, self.n_virtual, True))
+            return Route(self._rank(op, k - 1), tag(op.mb, k, self.n_virtual, True))
         return None
 
 
@@ -125,4 +129,14 @@ class Mailbox:
         assert not self.posted and not self.local, "a message was posted but never used"
 
 
-__all__ = ["Mailbox", "Route", "Routes", "tag"]
+def swap(t: Tensor, peer: int, *, numel: int) -> Tensor:
+    """Send `t` to `peer` and receive `numel` elements from it (same dtype and device), both at
+    once, so two ranks swapping never wait on each other."""
+    got = torch.empty(numel, dtype=t.dtype, device=t.device)
+    works = [dist.isend(t.contiguous(), dst=peer), dist.irecv(got, src=peer)]
+    for work in works:
+        work.wait()
+    return got
+
+
+__all__ = ["Mailbox", "Route", "Routes", "swap", "tag"]

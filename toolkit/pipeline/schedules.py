@@ -1,7 +1,11 @@
 """Pipeline schedules as plain data: for every stage (rank), the ordered list of its ops.
 
-An op is the forward ``F`` or the backward ``B`` of one micro-batch on one model chunk. A stage
-runs its list top to bottom; an op that needs another stage's output waits for that message.
+An op is the forward ``F``, the backward ``B`` or the weight-gradient ``W`` of one micro-batch on
+one model chunk. A stage runs its list top to bottom; an op that needs another stage's output waits
+for that message. In a schedule without W ops, B is the whole backward. A schedule with W ops
+*splits* it (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, section 2): B computes
+only the gradient of the stage's input (what the previous stage waits for) and W, later, the
+gradients of the stage's weights; every B then needs its W on the same stage.
 Nothing here starts processes: the same `Schedule` is checked by `toolkit.pipeline.validate`,
 timed by `toolkit.pipeline.simulate` and run on real ranks by `toolkit.pipeline.executor`.
 
@@ -23,9 +27,20 @@ Notation (as in the papers): p stages (ranks), m micro-batches, v model chunks p
   m ≤ p is allowed too (one group). Other m deadlock for some v (a short last group lets a
   stage run ahead to a chunk whose input comes after its own backward), so they raise.
 
+Layouts (how a rank's chunks sit in the model): ``"loop"``, Megatron's (chunk c of rank r is
+virtual stage c·p + r; every micro-batch visits all p·v of them), and ``"bidirectional"``,
+Chimera's (Li & Hoefler, SC 2021, section 3.1: two pipelines over the same p stages; chunk 0 of
+rank r is stage r of the *down* pipeline, chunk 1 is stage p−1−r of the *up* one; a micro-batch
+runs in one pipeline, the one its ops' chunk names). A schedule over token slices of one
+sequence (TeraPipe, Li et al., ICML 2021) sets ``sequence``: slice j's forward reads the keys and
+values of slices < j on the same stage, and its backward needs the gradients that slices > j
+send back into them. The schedules past 1F1B are in `zero_bubble`, `bidirectional` and
+`terapipe`; `catalog.make_schedule` builds any of them by name.
+
 Text form: ``"F3"`` is the forward of micro-batch 3 (chunk 0), ``"B3.1"`` the backward of
-micro-batch 3 on chunk 1. `as_schedule` turns lists of such strings (or ``(kind, mb, chunk)``
-tuples) into a `Schedule`, so a student's schedule function can return plain lists.
+micro-batch 3 on chunk 1, ``"W3"`` its weight gradient. `as_schedule` turns lists of such
+strings (or ``(kind, mb, chunk)`` tuples) into a `Schedule`, so a student's schedule function
+can return plain lists.
 """
 
 from __future__ import annotations
@@ -36,19 +51,21 @@ from typing import Iterable, Sequence
 
 from ..cost.bubble import check_sizes
 
-NAMES = ("naive", "gpipe", "1f1b", "interleaved")
-"""Schedule names `make_schedule` knows."""
+OP_KINDS = ("F", "B", "W")
+"""Op kinds: forward, backward (input gradient when the schedule has W ops), weight gradient."""
+LAYOUTS = ("loop", "bidirectional")
+"""How chunks map onto the model (see the module docstring)."""
 
-_TEXT = re.compile(r"^\s*([FBfb])\s*(\d+)(?:\.(\d+))?\s*$")
+_TEXT = re.compile(r"^\s*([FBWfbw])\s*(\d+)(?:\.(\d+))?\s*$")
 
 
 @dataclass(frozen=True, order=True)
 class Op:
-    """One step of a stage: the forward (``"F"``) or backward (``"B"``) of micro-batch `mb` on
-    model chunk `chunk` (0 unless the schedule is interleaved)."""
+    """One step of a stage: the forward (``"F"``), backward (``"B"``) or weight gradient
+    (``"W"``) of micro-batch `mb` on model chunk `chunk` (0 unless the rank holds several)."""
 
     kind: str
-    """``"F"`` or ``"B"``."""
+    """``"F"``, ``"B"`` or ``"W"``."""
     mb: int
     """Micro-batch index, 0 … m−1."""
     chunk: int = 0
@@ -65,9 +82,9 @@ def as_op(item: Op | str | Sequence) -> Op:
     if isinstance(item, str):
         match = _TEXT.match(item)
         if not match:
-            raise ValueError(f"cannot read op {item!r}: write 'F<micro-batch>' or "
-                             f"'B<micro-batch>', with '.<chunk>' for an interleaved chunk "
-                             f"(e.g. 'F3', 'B0.1')")
+            raise ValueError(f"cannot read op {item!r}: write 'F<micro-batch>', "
+                             f"'B<micro-batch>' or 'W<micro-batch>', with '.<chunk>' for a "
+                             f"rank's second chunk (e.g. 'F3', 'B0.1', 'W2')")
         kind, mb, chunk = match.groups()
         return Op(kind.upper(), int(mb), int(chunk or 0))
     if isinstance(item, (tuple, list)) and len(item) in (2, 3):
@@ -76,7 +93,7 @@ def as_op(item: Op | str | Sequence) -> Op:
         except (TypeError, ValueError):
             pass
     raise ValueError(f"cannot read op {item!r}: expected an Op, a string like 'F3' or a tuple "
-                     f"('F', micro-batch[, chunk])")
+                     f"('F', micro-batch[, chunk]) with kind F, B or W")
 
 
 @dataclass(frozen=True)
@@ -86,16 +103,40 @@ class Schedule:
     stages: tuple[tuple[Op, ...], ...]
     """One tuple of ops per stage (rank), in the order the stage runs them."""
     m: int
-    """Number of micro-batches."""
+    """Number of micro-batches (token slices when `sequence`)."""
     v: int = 1
-    """Model chunks per rank (virtual stages per rank); 1 except for interleaved schedules."""
+    """Model chunks per rank; 1 except for interleaved (loop) and Chimera (2) schedules."""
     name: str = "custom"
-    """Where it came from: one of `NAMES`, or ``"custom"``."""
+    """Where it came from: a name `make_schedule` knows, or ``"custom"``."""
+    layout: str = "loop"
+    """``"loop"`` or ``"bidirectional"`` (see the module docstring)."""
+    sequence: bool = False
+    """Micro-batches are token slices of one sequence, in order (TeraPipe)."""
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"Schedule: layout must be one of {LAYOUTS}, got {self.layout!r}")
 
     @property
     def p(self) -> int:
         """Number of stages (ranks)."""
         return len(self.stages)
+
+    @property
+    def split(self) -> bool:
+        """Whether the backward is split into B (input gradient) and W (weight gradient)."""
+        return any(op.kind == "W" for ops in self.stages for op in ops)
+
+    @property
+    def depth(self) -> int:
+        """Stages a micro-batch passes through: p·v (loop) or p (bidirectional)."""
+        return self.p * self.v if self.layout == "loop" else self.p
+
+    @property
+    def share(self) -> float:
+        """Fraction of a stage's layers one chunk holds: 1/v (loop), 1 (bidirectional: each
+        chunk is a whole stage of its pipeline)."""
+        return 1.0 / self.v if self.layout == "loop" else 1.0
 
     def __getitem__(self, stage: int) -> tuple[Op, ...]:
         return self.stages[stage]
@@ -108,30 +149,49 @@ class Schedule:
                          for r, ops in enumerate(self.stages))
 
     def virtual_stage(self, stage: int, chunk: int) -> int:
-        """Position of (rank `stage`, chunk `chunk`) in the model: chunk·p + stage (Megatron)."""
-        return chunk * self.p + stage
+        """Position of (rank `stage`, chunk `chunk`) on its micro-batches' path: chunk·p + stage
+        (loop, Megatron) or, bidirectional, stage (down, chunk 0) or p−1−stage (up, chunk 1)."""
+        if self.layout == "loop":
+            return chunk * self.p + stage
+        return stage if chunk == 0 else self.p - 1 - stage
 
-    def place(self, virtual: int) -> tuple[int, int]:
-        """(rank, chunk) that holds virtual stage `virtual`."""
-        return virtual % self.p, virtual // self.p
+    def place(self, virtual: int, chunk: int = 0) -> tuple[int, int]:
+        """(rank, chunk) that holds position `virtual` on the path of a micro-batch whose ops
+        are on `chunk` (which only the bidirectional layout needs: its pipeline)."""
+        if self.layout == "loop":
+            return virtual % self.p, virtual // self.p
+        return (virtual, 0) if chunk == 0 else (self.p - 1 - virtual, 1)
+
+    def pipe(self, mb: int) -> int:
+        """The chunk micro-batch `mb`'s ops name first (its pipeline, bidirectional); 0 if none."""
+        for ops in self.stages:
+            for op in ops:
+                if op.mb == mb:
+                    return op.chunk
+        return 0
 
 
 def as_schedule(stages: Schedule | Iterable[Iterable[Op | str | Sequence]], *,
-                m: int | None = None, v: int | None = None, name: str = "custom") -> Schedule:
-    """A `Schedule` from per-stage lists of ops (`Op`, ``"F3"``, ``("B", 3)``, …).
+                m: int | None = None, v: int | None = None, name: str = "custom",
+                layout: str | None = None, sequence: bool | None = None) -> Schedule:
+    """A `Schedule` from per-stage lists of ops (`Op`, ``"F3"``, ``("B", 3)``, ``"W3"``, …).
 
     m and v default to what the ops mention (largest micro-batch + 1, largest chunk + 1); pass
-    them when grading, so a schedule that forgets the last micro-batch is caught.
+    them when grading, so a schedule that forgets the last micro-batch is caught. `layout` and
+    `sequence` default to a given `Schedule`'s own, else ``"loop"`` and False.
     """
     if isinstance(stages, Schedule):
-        if m is None and v is None:
+        if m is None and v is None and layout is None and sequence is None:
             return stages
+        layout = stages.layout if layout is None else layout
+        sequence = stages.sequence if sequence is None else sequence
         stages, name = stages.stages, stages.name
     rows = tuple(tuple(as_op(item) for item in row) for row in stages)
     ops = [op for row in rows for op in row]
     m = m if m is not None else (max((op.mb for op in ops), default=-1) + 1)
     v = v if v is not None else (max((op.chunk for op in ops), default=0) + 1)
-    return Schedule(rows, m=m, v=v, name=name)
+    return Schedule(rows, m=m, v=v, name=name, layout=layout or "loop",
+                    sequence=bool(sequence))
 
 
 def naive(p: int) -> Schedule:
@@ -208,25 +268,5 @@ def interleaved(p: int, m: int, v: int) -> Schedule:
     return Schedule(tuple(stages), m=m, v=v, name="interleaved")
 
 
-def make_schedule(name: str, *, p: int, m: int = 1, v: int = 1) -> Schedule:
-    """The schedule called `name` (one of `NAMES`) for p stages, m micro-batches, v chunks."""
-    key = str(name).lower().replace("-", "").replace("_", "")
-    if key not in NAMES:
-        raise ValueError(f"make_schedule: unknown schedule {name!r}; choose one of {NAMES}")
-    if key != "interleaved" and v != 1:
-        raise ValueError(f"make_schedule: v (chunks per rank) = {v} needs the 'interleaved' "
-                         f"schedule; {name!r} runs one chunk per rank, pass v=1")
-    if key == "naive":
-        if m != 1:
-            raise ValueError(f"make_schedule: naive model parallel runs the whole batch as one "
-                             f"micro-batch; pass m=1 (got m={m}), or use 'gpipe' to split it")
-        return naive(p)
-    if key == "gpipe":
-        return gpipe(p, m)
-    if key == "1f1b":
-        return one_f_one_b(p, m)
-    return interleaved(p, m, v)
-
-
-__all__ = ["NAMES", "Op", "Schedule", "as_op", "as_schedule", "gpipe", "interleaved",
-           "make_schedule", "naive", "one_f_one_b"]
+__all__ = ["LAYOUTS", "OP_KINDS", "Op", "Schedule", "as_op", "as_schedule", "gpipe",
+           "interleaved", "naive", "one_f_one_b"]

@@ -6,18 +6,24 @@ equally fast and `comm` = 0 this reproduces the bubble formulas of `toolkit.cost
 exactly (tested). The table has the same columns as the executor's measured one, so the two
 can be drawn and compared side by side (`toolkit.viz.pipeline`).
 
-Columns of a timeline table: ``stage, op ("F"/"B"), mb, chunk, start, end, duration`` (seconds;
-measured tables add ``wait``, the time spent waiting for the input message).
+Op times: `forward` and `backward` per micro-batch through a whole stage, and `weight` for the
+weight-gradient part of the backward. In a schedule without W ops a B is the whole backward and
+takes `backward` + `weight`; with W ops (split backward, Qi et al. 2024) B takes `backward` and
+W takes `weight`. A chunk op takes `Schedule.share` of it (1/v interleaved). `cost(stage, op)`
+overrides all of this per op (token slices of unequal length, TeraPipe).
+
+Columns of a timeline table: ``stage, op ("F"/"B"/"W"), mb, chunk, start, end, duration``
+(seconds; measured tables add ``wait``, the time spent waiting for the input message).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pandas as pd
 
-from .schedules import Schedule
+from .schedules import Op, Schedule
 from .validate import check_schedule, needs, run_order
 
 COLUMNS = ["stage", "op", "mb", "chunk", "start", "end", "duration"]
@@ -45,18 +51,37 @@ def _per_stage(value: float | Sequence[float], p: int, name: str) -> list[float]
 
 
 def simulate(schedule: Schedule, *, forward: float | Sequence[float] = 1.0,
-             backward: float | Sequence[float] = 2.0, comm: float = 0.0) -> Timeline:
+             backward: float | Sequence[float] = 2.0, weight: float | Sequence[float] = 0.0,
+             comm: float = 0.0, cost: Callable[[int, Op], float] | None = None) -> Timeline:
     """The ideal timeline of `schedule` (checked first with `check_schedule`).
 
-    `forward` and `backward` are the times of one micro-batch through one whole stage (a float,
-    or one per stage for unbalanced stages); an interleaved chunk op takes 1/v of it. `comm` is
-    the time of one message between stages. Backward twice the forward is the usual rule of
-    thumb (two matrix products per product of the forward; Kaplan et al. 2020).
+    `forward`, `backward` and `weight` are the times of one micro-batch through one whole stage
+    (a float, or one per stage for unbalanced stages): F takes `forward`; B takes `backward`,
+    plus `weight` when the schedule has no W ops (B is then the whole backward); W takes
+    `weight`. A chunk op takes `Schedule.share` of its stage's time. `comm` is the time of one
+    message between stages. `cost(stage, op)`, when given, is every op's time instead. Backward
+    twice the forward is the usual rule of thumb (two matrix products per product of the
+    forward; Kaplan et al. 2020); split, that is about one for B and one for W.
     """
     s = check_schedule(schedule)
     t_f, t_b = _per_stage(forward, s.p, "forward"), _per_stage(backward, s.p, "backward")
+    t_w = _per_stage(weight, s.p, "weight")
     if comm < 0:
         raise ValueError(f"simulate: comm must be >= 0 seconds, got {comm}")
+    split = s.split
+
+    def duration(r: int, op: Op) -> float:
+        if cost is not None:
+            t = float(cost(r, op))
+            if not t >= 0:
+                raise ValueError(f"simulate: cost({r}, {op}) must be a time >= 0, got {t!r}")
+            return t
+        if op.kind == "F":
+            return t_f[r] * s.share
+        if op.kind == "W":
+            return t_w[r] * s.share
+        return (t_b[r] + (0.0 if split else t_w[r])) * s.share
+
     order, _ = run_order(s)
     free = [0.0] * s.p
     end: dict[tuple, float] = {}
@@ -67,10 +92,10 @@ def simulate(schedule: Schedule, *, forward: float | Sequence[float] = 1.0,
         dep = needs(s, r, op)
         if dep is not None:
             ready = max(ready, end[dep] + (comm if dep[0] != r else 0.0))
-        duration = (t_f[r] if op.kind == "F" else t_b[r]) / s.v
-        end[r, op] = ready + duration
-        free[r] = ready + duration
-        rows.append((r, op.kind, op.mb, op.chunk, ready, ready + duration, duration))
+        took = duration(r, op)
+        end[r, op] = ready + took
+        free[r] = ready + took
+        rows.append((r, op.kind, op.mb, op.chunk, ready, ready + took, took))
     table = pd.DataFrame(rows, columns=COLUMNS).sort_values(["stage", "start"], kind="stable")
     return Timeline(table.reset_index(drop=True), *_span_and_bubble(table, s.p))
 
@@ -89,19 +114,20 @@ def idle_fraction(table: pd.DataFrame, p: int | None = None) -> float:
     return _span_and_bubble(table, p)[1]
 
 
-def stage_times(table: pd.DataFrame, v: int = 1, *, per_stage: bool = False
-                ) -> tuple[float, float] | tuple[list[float], list[float]]:
+def stage_times(table: pd.DataFrame, v: float = 1, *, per_stage: bool = False,
+                weight: bool = False) -> tuple:
     """Mean (forward, backward) time of one micro-batch through a whole stage in a timeline
-    table: the mean op duration times v; with `per_stage`, one value per stage. Feed them to
-    `simulate` for the ideal that matches a measured run: what is left between the two is
-    communication and waiting."""
+    table: the mean op duration times v (1 / `Schedule.share`); with `per_stage`, one value
+    per stage; with `weight`, (forward, backward, weight), W from the table's W ops (0 when
+    there are none). Feed them to `simulate` for the ideal that matches a measured run: what
+    is left between the two is communication and waiting."""
+    kinds = ("F", "B", "W") if weight else ("F", "B")
     if not per_stage:
         means = table.groupby("op")["duration"].mean()
-        return float(means.get("F", 0.0)) * v, float(means.get("B", 0.0)) * v
+        return tuple(float(means.get(k, 0.0)) * v for k in kinds)
     means = table.groupby(["stage", "op"])["duration"].mean()
     p = int(table["stage"].max()) + 1
-    return ([float(means.get((r, "F"), 0.0)) * v for r in range(p)],
-            [float(means.get((r, "B"), 0.0)) * v for r in range(p)])
+    return tuple([float(means.get((r, k), 0.0)) * v for r in range(p)] for k in kinds)
 
 
 __all__ = ["COLUMNS", "Timeline", "idle_fraction", "simulate", "stage_times"]

@@ -3,27 +3,33 @@
 Layer assignment (`assign_layers`): with v = 1, p stages get ``tensor_split``'s shares of the
 layers (the first L mod p stages one layer more); with v > 1 every stage needs the same number of
 layers L/p and v must divide it: virtual stage k = c·p + r (chunk c of rank r, Megatron-LM's
-numbering, Narayanan et al. SC 2021 §2.2.2) holds layers [k·L/(pv), (k+1)·L/(pv)).
+numbering, Narayanan et al. SC 2021 §2.2.2) holds layers [k·L/(pv), (k+1)·L/(pv)). In the
+bidirectional layout (Chimera, Li & Hoefler SC 2021 §3.1) rank r holds stage r's share (chunk 0,
+the down pipeline) and a replica of stage p−1−r's (chunk 1, the up pipeline).
 
 `run_stage` runs the rank's ops in order; each one is receive → compute → send:
 
-* F(mb) on virtual stage k: the activation from k−1 (stage 0: micro-batch mb of x, rows split
-  as ``torch.tensor_split`` does), the chunk's forward, the output to k+1. The last virtual stage
-  computes the loss, ``loss_fn(out, y_mb)`` scaled by rows(mb)/B, so the micro-batch losses add
-  up to the full batch's mean loss and the gradients to its gradient.
-* B(mb) on k: dL/d(output) from k+1 (the last stage starts from its loss), backward through the
-  chunk, dL/d(input) to k−1.
+* F(mb) at position k of the micro-batch's path: the activation from k−1 (position 0: micro-batch
+  mb of x, rows split as ``torch.tensor_split`` does), the chunk's forward, the output to k+1.
+  The last position computes the loss, ``loss_fn(out, y_mb)`` scaled by rows(mb)/B, so the
+  micro-batch losses add up to the full batch's mean loss and the gradients to its gradient.
+* B(mb) at k: dL/d(output) from k+1 (the last position starts from its loss), backward through
+  the chunk, dL/d(input) to k−1; with W ops in the schedule only the input gradient, and W(mb)
+  later adds the weight gradients (`toolkit.pipeline.compute`).
 
-Messages are `toolkit.pipeline.messages`'s. Activation memory is counted, not guessed: a
-``saved_tensors_hooks`` pack hook adds up the bytes of the tensors autograd saves during each
-forward (parameters excluded, each tensor once); the held total rises at F and falls at B.
+After the last op, a bidirectional schedule's two replicas of each stage add their gradients:
+rank r and rank p−1−r swap the gradients of the replica they hold for the other (one message
+each way, recorded like the rest), so every stage's gradient comes back once, complete.
+
+Messages are `toolkit.pipeline.messages`'s; what is computed and the activation bytes held are
+`toolkit.pipeline.compute`'s.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -31,19 +37,22 @@ from torch import Tensor, nn
 
 from ..arguments import check_ints
 from ..chunks import chunk_bounds  # the torch.tensor_split rule, shared with every split
-from .messages import Mailbox, Routes
-from .schedules import Op, Schedule
+from .compute import LossFn, StageCompute
+from .messages import Mailbox, Routes, swap
+from .schedules import Schedule
 from .work import no_delay
 
-LossFn = Callable[[Tensor, Tensor], Tensor]
 
-
-def assign_layers(n_layers: int, *, p: int, v: int = 1) -> list[list[range]]:
+def assign_layers(n_layers: int, *, p: int, v: int = 1,
+                  layout: str = "loop") -> list[list[range]]:
     """Per rank, per chunk, the range of layer indices it holds (see the module docstring)."""
     check_ints("assign_layers", p=p, v=v, n_layers=n_layers)
     if p > n_layers:
         raise ValueError(f"p (stages) = {p} is more than the {n_layers} layers: every stage "
                          f"needs at least one layer; use p <= {n_layers} or more layers")
+    if layout == "bidirectional":
+        stages = [range(start, stop) for start, stop in chunk_bounds(n_layers, p)]
+        return [[stages[r], stages[p - 1 - r]] for r in range(p)]
     if v == 1:
         return [[range(start, stop)] for start, stop in chunk_bounds(n_layers, p)]
     if n_layers % p:
@@ -83,59 +92,32 @@ def _shapes(layers: Sequence[nn.Module], bounds: list[range], micro: list[Tensor
     return out
 
 
-class _Compute:
-    """What one rank computes: its chunks, the micro-batches, the tensors kept from each
-    forward for its backward, and the bytes of saved activations held."""
+def _layers_at(s: Schedule, ranges: list[list[range]]) -> list[range]:
+    """The layer range at each position of a micro-batch's path."""
+    return [ranges[r][c] for r, c in (s.place(k, 0) for k in range(s.depth))]
 
-    def __init__(self, layers: Sequence[nn.Module], ranges: list[list[range]], rank: int,
-                 x: Tensor, y: Tensor, m: int, loss_fn: LossFn, n_virtual: int) -> None:
-        self.chunks = [nn.Sequential(*(layers[i] for i in rng)) for rng in ranges[rank]]
-        self.param_ptrs = {prm.untyped_storage().data_ptr() for layer in layers
-                           for prm in layer.parameters()}
-        self.micro_x, self.micro_y = torch.tensor_split(x, m), torch.tensor_split(y, m)
-        self.rows, self.loss_fn, self.last = len(x), loss_fn, n_virtual - 1
-        self.stash: dict[tuple[int, int], tuple[Tensor | None, Tensor]] = {}
-        self.mb_bytes: dict[tuple[int, int], int] = {}
-        self.held = self.peak = 0
-        self.loss = 0.0
 
-    def forward(self, op: Op, k: int, received: Tensor | None) -> Tensor:
-        """Run chunk `op.chunk` on its input (x's micro-batch on virtual stage 0); returns the
-        output (the scaled loss on the last virtual stage), keeps what backward needs."""
-        inp = self.micro_x[op.mb] if k == 0 else received.requires_grad_()
-        seen: set[tuple[int, int]] = set()
-        saved = 0
+def _sum_replicas(rank: int, s: Schedule, layers: Sequence[nn.Module],
+                  ranges: list[list[range]], device: torch.device) -> None:
+    """Bidirectional: add the up-pipeline replica's gradients of stage r (held by rank p−1−r)
+    into this rank's stage r, by swapping flat gradients with that rank."""
+    peer = s.p - 1 - rank
+    if peer == rank:                  # odd p: both pipelines' stage is this very module
+        return
 
-        def pack(t: Tensor) -> Tensor:
-            # The tensor's own bytes, not its storage's: a micro-batch of x is a view into the
-            # whole batch. Once per tensor (a ReLU's output is the next Linear's input).
-            nonlocal saved
-            key = (t.data_ptr(), t.numel())
-            if t.untyped_storage().data_ptr() not in self.param_ptrs and key not in seen:
-                seen.add(key)
-                saved += t.numel() * t.element_size()
-            return t
+    def trainable(rng: range) -> list[nn.Parameter]:
+        return [q for i in rng for q in layers[i].parameters() if q.requires_grad]
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = self.chunks[op.chunk](inp)
-            if k == self.last:  # the loss, weighted by this micro-batch's share of the rows
-                share = len(self.micro_x[op.mb]) / self.rows
-                out = self.loss_fn(out, self.micro_y[op.mb]) * share
-                self.loss += float(out.detach())
-        self.stash[op.mb, op.chunk] = (inp if k > 0 else None, out)
-        self.mb_bytes[op.mb, op.chunk] = saved
-        self.held += saved
-        self.peak = max(self.peak, self.held)
-        return out
-
-    def backward(self, op: Op, grad: Tensor | None) -> Tensor | None:
-        """Backward of `op.chunk` for micro-batch `op.mb`; returns dL/d(input) (None on virtual
-        stage 0, whose input is data) and frees the forward's saved activations."""
-        inp, out = self.stash.pop((op.mb, op.chunk))
-        if out.requires_grad:       # a stage 0 of frozen layers has nothing to backprop
-            torch.autograd.backward(out, grad)
-        self.held -= self.mb_bytes[op.mb, op.chunk]
-        return None if inp is None else inp.grad
+    own, replica = trainable(ranges[rank][0]), trainable(ranges[rank][1])   # stage r, p−1−r
+    flat = [q.grad.reshape(-1) if q.grad is not None else torch.zeros_like(q).reshape(-1)
+            for q in replica]
+    outgoing = torch.cat(flat) if flat else torch.zeros(0, device=device)
+    incoming = swap(outgoing, peer, numel=sum(q.numel() for q in own))   # peer's replica of r
+    offset = 0
+    for q in own:
+        part = incoming[offset:offset + q.numel()].view_as(q)
+        q.grad = part.clone() if q.grad is None else q.grad + part
+        offset += q.numel()
 
 
 def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor, y: Tensor,
@@ -144,20 +126,27 @@ def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor
 
     Returns a dict: ``rows`` (timeline rows ``(stage, op, mb, chunk, start, end, duration,
     wait)``, absolute ``perf_counter`` seconds), ``grads``, ``loss`` (last stage, else 0),
-    ``peak_bytes``, ``mb_bytes``.
+    ``peak_bytes``, ``mb_bytes`` (saved by each forward), ``grad_bytes`` (output gradients
+    kept from each B to its W; empty without W ops).
     """
     s = schedule
     if world_size != s.p:
         raise ValueError(f"run_stage: the schedule has p = {s.p} stages but {world_size} ranks run")
-    ranges = assign_layers(len(layers), p=s.p, v=s.v)
+    ranges = assign_layers(len(layers), p=s.p, v=s.v, layout=s.layout)
     routes = Routes(s, rank)
-    bounds = [ranges[k % s.p][k // s.p] for k in range(routes.n_virtual)]
-    owned = {f"{i}.{name}": param for rng in ranges[rank] for i in rng
+    # The gradients this rank returns: all its chunks' (loop), or its own stage's, to which the
+    # replica's are added (bidirectional).
+    kept = ranges[rank] if s.layout == "loop" else ranges[rank][:1]
+    owned = {f"{i}.{name}": param for rng in kept for i in rng
              for name, param in layers[i].named_parameters() if param.requires_grad}
-    for param in owned.values():
-        param.grad = None               # a forked rank may inherit the caller's gradients
-    compute = _Compute(layers, ranges, rank, x, y, s.m, loss_fn or _mse, routes.n_virtual)
-    shapes = _shapes(layers, bounds, list(compute.micro_x))
+    for rng in ranges[rank]:
+        for i in rng:
+            for param in layers[i].parameters():
+                param.grad = None       # a forked rank may inherit the caller's gradients
+    chunks = [nn.Sequential(*(layers[i] for i in rng)) for rng in ranges[rank]]
+    compute = StageCompute(chunks, [q for layer in layers for q in layer.parameters()], x, y,
+                           s.m, loss_fn or _mse, s.depth - 1, split=s.split, retain=s.sequence)
+    shapes = _shapes(layers, _layers_at(s, ranges), list(compute.micro_x))
     ops, mailbox, rows = s.stages[rank], Mailbox(rank, x.device), []
 
     def post(i: int) -> None:
@@ -175,8 +164,11 @@ def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor
         received = mailbox.receive(i)           # receive
         start = time.perf_counter()
         if op.kind == "F":                      # compute
-            result = compute.forward(op, k, received)
-            sent = result.detach()
+            sent = compute.forward(op, k, received).detach()
+        elif op.kind == "W":
+            sent = compute.backward_weight(op)  # nothing to send
+        elif s.split:
+            sent = compute.backward_input(op, received)
         else:
             sent = compute.backward(op, received)
         end = time.perf_counter()               # compute done; posting the send is not compute
@@ -185,10 +177,12 @@ def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor
             mailbox.send(sent, route)
         rows.append((rank, op.kind, op.mb, op.chunk, start, end, end - start, start - ready))
     mailbox.finish()
+    if s.layout == "bidirectional":
+        _sum_replicas(rank, s, layers, ranges, x.device)
     grads = {name: (prm.grad.detach().clone() if prm.grad is not None else torch.zeros_like(prm))
              for name, prm in owned.items()}     # trainable parameters only
     return {"rows": rows, "grads": grads, "loss": compute.loss, "peak_bytes": compute.peak,
-            "mb_bytes": compute.mb_bytes}
+            "mb_bytes": compute.mb_bytes, "grad_bytes": compute.grad_bytes}
 
 
 __all__ = ["LossFn", "assign_layers", "run_stage"]

@@ -7,17 +7,21 @@
 ============  ===============================================================================
 kind          meaning
 ============  ===============================================================================
-shape         wrong number of stages, or an op with a bad kind, micro-batch or chunk
-missing       an F or B of some micro-batch (and chunk) never appears on a stage
+shape         wrong number of stages, or an op with a bad kind, micro-batch or chunk (or, in a
+              bidirectional schedule, a micro-batch on both pipelines)
+missing       an F or B (or, when the schedule has W ops, a W) of some micro-batch (and chunk)
+              never appears on a stage
 duplicate     an op appears more than once on a stage
-order         a backward comes before its own forward on the same stage
+order         a backward comes before its own forward on the same stage, a W before its B, or
+              (token slices) a slice's forward before an earlier slice's, its backward before
+              a later slice's
 mismatch      two neighbouring stages send and receive a link's messages in different
               orders: a transport that matches messages by order (NCCL, or gloo without
               tags) would hand one micro-batch's tensor to another
 deadlock      every stage that is not done waits for a message nobody will send (found by
               simulating the sends and receives)
-in_flight     more micro-batches forwarded but not yet backwarded on a stage than allowed
-              (1F1B: at most p on stage 0)
+in_flight     more micro-batches forwarded but not yet released (backwarded, or through their
+              W) on a stage than allowed (1F1B: at most p on stage 0)
 error         (`problems_by_case` only) the schedule function raised, or returned something
               that is not a list of op lists
 ============  ===============================================================================
@@ -26,11 +30,13 @@ error         (`problems_by_case` only) the schedule function raised, or returne
 ``fn(p, m, v)``) on several sizes and collects the problems of each, so a lab's grader can name
 the mistake ("backward before forward at p = 2, m = 4") instead of timing out on real ranks.
 
-Dependencies (virtual stage k = chunk·p + rank, K = p·v virtual stages): F(mb) on k needs the
-activation of F(mb) on k−1; B(mb) on k needs the gradient of B(mb) on k+1, and B(mb) on the
-last virtual stage needs that stage's own F(mb) (the loss). Sends never block (isend); a stage
-blocks only when its next op's input has not been sent yet. So a schedule is deadlock-free
-exactly when this simulation runs every op.
+Dependencies (position k on a micro-batch's path, K = `Schedule.depth` positions; k = chunk·p
++ rank in the loop layout): F(mb) on k needs the activation of F(mb) on k−1; B(mb) on k needs
+the gradient of B(mb) on k+1, and B(mb) on the last position needs that stage's own F(mb) (the
+loss); W(mb) needs its own B(mb) on the same stage (the output gradient B received), and sends
+nothing. Sends never block (isend); a stage blocks only when its next op's input has not been
+sent yet. So a schedule is deadlock-free exactly when this simulation runs every op. What a
+stage holds while it runs (`in_flight`, `peak_held`) is in `toolkit.pipeline.held`.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from .schedules import Op, Schedule, as_schedule
+from .held import in_flight
+from .schedules import OP_KINDS, Op, Schedule, as_schedule
 
 KINDS = ("shape", "missing", "duplicate", "order", "mismatch", "deadlock", "in_flight", "error")
 """Every `Problem.kind`, roughly in the order they are checked."""
@@ -69,30 +76,28 @@ class ScheduleError(ValueError):
 
 
 def needs(schedule: Schedule, stage: int, op: Op) -> tuple[int, Op] | None:
-    """The (stage, op) whose output `op` on `stage` waits for, or None (stage 0's forwards)."""
-    k, last = schedule.virtual_stage(stage, op.chunk), schedule.p * schedule.v - 1
+    """The (stage, op) whose output `op` on `stage` waits for, or None (the first stage's
+    forwards)."""
+    if op.kind == "W":
+        return stage, Op("B", op.mb, op.chunk)      # the output gradient its B received
+    k, last = schedule.virtual_stage(stage, op.chunk), schedule.depth - 1
     if op.kind == "F":
         if k == 0:
             return None
-        src, chunk = schedule.place(k - 1)
+        src, chunk = schedule.place(k - 1, op.chunk)
         return src, Op("F", op.mb, chunk)
     if k == last:
         return stage, Op("F", op.mb, op.chunk)      # the loss: this stage's own forward
-    src, chunk = schedule.place(k + 1)
+    src, chunk = schedule.place(k + 1, op.chunk)
     return src, Op("B", op.mb, chunk)
 
 
-def in_flight(schedule: Schedule) -> list[int]:
-    """Per stage, the most (micro-batch, chunk) pairs forwarded but not yet backwarded at once:
-    how many sets of activations the stage holds at its peak."""
-    peaks = []
-    for ops in schedule.stages:
-        held = peak = 0
-        for op in ops:
-            held += 1 if op.kind == "F" else -1
-            peak = max(peak, held)
-        peaks.append(peak)
-    return peaks
+def _expected(s: Schedule) -> list[tuple[int, int]]:
+    """The (micro-batch, chunk) pairs whose ops every stage must run: every chunk of every
+    micro-batch (loop), or each micro-batch on the chunk of its pipeline (bidirectional)."""
+    if s.layout == "bidirectional":
+        return [(mb, s.pipe(mb)) for mb in range(s.m)]
+    return [(mb, c) for c in range(s.v) for mb in range(s.m)]
 
 
 def _structure(s: Schedule, p: int | None) -> list[Problem]:
@@ -103,20 +108,32 @@ def _structure(s: Schedule, p: int | None) -> list[Problem]:
     if p is not None and s.p != p:
         out.append(Problem("shape", f"the schedule has {s.p} stages, expected p = {p} "
                                     f"(one list of ops per stage)"))
+    kinds = OP_KINDS if s.split else ("F", "B")
+    kinds_text = "F, B or W" if s.split else "F or B"
+    expected = _expected(s)
     for r, ops in enumerate(s.stages):
-        bad = [op for op in ops if op.kind not in ("F", "B") or not 0 <= op.mb < s.m
+        bad = [op for op in ops if op.kind not in OP_KINDS or not 0 <= op.mb < s.m
                or not 0 <= op.chunk < s.v]
         for op in bad:
-            out.append(Problem("shape", f"stage {r}: op {op} is not an F or B of micro-batch "
-                                        f"0 … {s.m - 1}" + (f", chunk 0 … {s.v - 1}" if s.v > 1
-                                                             else ""), r))
+            out.append(Problem("shape", f"stage {r}: op {op} is not an {kinds_text} of "
+                                        f"micro-batch 0 … {s.m - 1}"
+                                        + (f", chunk 0 … {s.v - 1}" if s.v > 1 else ""), r))
+        if s.layout == "bidirectional":
+            for op in ops:
+                if op not in bad and op.chunk != s.pipe(op.mb):
+                    bad.append(op)
+                    out.append(Problem("shape", f"stage {r}: {op} puts micro-batch {op.mb} on "
+                                       f"chunk {op.chunk}, but its other ops run it in the "
+                                       f"{'up' if s.pipe(op.mb) else 'down'} pipeline (chunk "
+                                       f"{s.pipe(op.mb)}): a micro-batch runs in one pipeline",
+                                       r))
         counts = Counter(ops)
-        for kind in ("F", "B"):
-            for c in range(s.v):
-                missing = [mb for mb in range(s.m) if counts[Op(kind, mb, c)] == 0]
+        for kind in kinds:
+            word = {"F": "forward", "B": "backward", "W": "weight gradient (W)"}[kind]
+            for c in sorted({c for _, c in expected}):
+                missing = [mb for mb, cc in expected if cc == c and counts[Op(kind, mb, c)] == 0]
                 if missing:
                     chunk = f" on chunk {c}" if s.v > 1 else ""
-                    word = "forward" if kind == "F" else "backward"
                     out.append(Problem("missing", f"stage {r}: no {word} of micro-batch"
                                        f"{'es' if len(missing) > 1 else ''} "
                                        f"{', '.join(map(str, missing))}{chunk}", r))
@@ -127,18 +144,36 @@ def _structure(s: Schedule, p: int | None) -> list[Problem]:
     return out
 
 
+_WHY = {
+    "B": "a backward needs the activations its own forward saves",
+    "W": "the weight gradient needs the output gradient its B received (and the forward's "
+         "saved inputs)",
+    "F+": "a token slice's forward reads the keys and values the forwards of the earlier "
+          "slices stored",
+    "B+": "a token slice's backward needs the gradients that the later slices' backwards send "
+          "into its keys and values",
+}
+
+
 def _order(s: Schedule) -> list[Problem]:
     out = []
     for r, ops in enumerate(s.stages):
-        first = {}
+        first: dict[Op, int] = {}
         for i, op in enumerate(ops):
             first.setdefault(op, i)
         for op, i in first.items():
-            fwd = Op("F", op.mb, op.chunk)
-            if op.kind == "B" and first.get(fwd, -1) > i:
-                out.append(Problem("order", f"stage {r}: {op} (step {i}) comes before {fwd} "
-                                            f"(step {first[fwd]}): a backward needs the "
-                                            f"activations its own forward saves", r))
+            before = {"B": [Op("F", op.mb, op.chunk)], "W": [Op("B", op.mb, op.chunk)],
+                      "F": []}[op.kind]
+            why = [_WHY[op.kind]] if op.kind != "F" else []
+            if s.sequence and op.kind in ("F", "B"):    # slices in order, backwards reversed
+                step = -1 if op.kind == "F" else 1
+                if 0 <= op.mb + step < s.m:
+                    before.append(Op(op.kind, op.mb + step, op.chunk))
+                    why.append(_WHY[op.kind + "+"])
+            for need, reason in zip(before, why):
+                if first.get(need, -1) > i:
+                    out.append(Problem("order", f"stage {r}: {op} (step {i}) comes before "
+                                       f"{need} (step {first[need]}): {reason}", r))
     return out
 
 
@@ -154,10 +189,12 @@ def _mismatch(s: Schedule) -> list[Problem]:
             if dep is not None and dep[0] != r:
                 received[dep[0], r, op.kind].append(dep[1])
         for op in ops:                       # what r sends: the ops whose consumer is elsewhere
-            k, last = s.virtual_stage(r, op.chunk), s.p * s.v - 1
+            if op.kind == "W":
+                continue                     # a weight gradient stays on its stage
+            k, last = s.virtual_stage(r, op.chunk), s.depth - 1
             nxt = k + 1 if op.kind == "F" else k - 1
-            if 0 <= nxt <= last and s.place(nxt)[0] != r and not (op.kind == "F" and k == last):
-                sent[r, s.place(nxt)[0], op.kind].append(op)
+            if 0 <= nxt <= last and s.place(nxt, op.chunk)[0] != r:
+                sent[r, s.place(nxt, op.chunk)[0], op.kind].append(op)
     out = []
     for key in sorted(set(sent) | set(received)):
         src, dst, kind = key
@@ -223,15 +260,18 @@ def _deadlock(s: Schedule) -> list[Problem]:
 
 def problems(schedule: Schedule | Iterable[Iterable[Op | str | Sequence]], *,
              p: int | None = None, m: int | None = None, v: int | None = None,
-             max_in_flight: int | None = None) -> list[Problem]:
+             max_in_flight: int | None = None, layout: str | None = None,
+             sequence: bool | None = None) -> list[Problem]:
     """Everything wrong with `schedule` (see the module docstring); [] when it can run.
 
     Pass p, m and v (stages, micro-batches, chunks) when grading a student's lists, so missing
     micro-batches or stages are caught; `max_in_flight` bounds, on every stage, the micro-batches
-    forwarded but not yet backwarded (1F1B: p). Later checks run only when the earlier ones
-    pass: a deadlock is only looked for in a schedule whose ops are all there and in order.
+    forwarded but not yet released (their B, or their W when the schedule has W ops; 1F1B: p).
+    `layout` and `sequence` describe plain lists (see `toolkit.pipeline.schedules`). Later
+    checks run only when the earlier ones pass: a deadlock is only looked for in a schedule whose
+    ops are all there and in order.
     """
-    s = as_schedule(schedule, m=m, v=v)
+    s = as_schedule(schedule, m=m, v=v, layout=layout, sequence=sequence)
     found = _structure(s, p)
     if not found:
         found = _order(s)
@@ -240,20 +280,23 @@ def problems(schedule: Schedule | Iterable[Iterable[Op | str | Sequence]], *,
     if max_in_flight is not None:
         for r, peak in enumerate(in_flight(s)):
             if peak > max_in_flight:
+                what = "not yet through their W" if s.split else "not yet backwarded"
                 found.append(Problem("in_flight", f"stage {r} holds {peak} micro-batches in "
-                                     f"flight (forwarded, not yet backwarded); at most "
-                                     f"{max_in_flight} allowed: start backwards sooner", r))
+                                     f"flight (forwarded, {what}); at most {max_in_flight} "
+                                     f"allowed: start backwards sooner", r))
     return found
 
 
 def check_schedule(schedule: Schedule | Iterable[Iterable[Op | str | Sequence]], *,
                    p: int | None = None, m: int | None = None, v: int | None = None,
-                   max_in_flight: int | None = None) -> Schedule:
+                   max_in_flight: int | None = None, layout: str | None = None,
+                   sequence: bool | None = None) -> Schedule:
     """The schedule as a `Schedule` if `problems` finds nothing; else raise `ScheduleError`."""
-    found = problems(schedule, p=p, m=m, v=v, max_in_flight=max_in_flight)
+    found = problems(schedule, p=p, m=m, v=v, max_in_flight=max_in_flight, layout=layout,
+                     sequence=sequence)
     if found:
         raise ScheduleError(found)
-    return as_schedule(schedule, m=m, v=v)
+    return as_schedule(schedule, m=m, v=v, layout=layout, sequence=sequence)
 
 
 def problems_by_case(schedule_fn: Callable[..., object], cases: Iterable[Sequence[int]], *,
@@ -281,5 +324,5 @@ def problems_by_case(schedule_fn: Callable[..., object], cases: Iterable[Sequenc
     return out
 
 
-__all__ = ["KINDS", "Problem", "ScheduleError", "check_schedule", "in_flight", "needs",
-           "problems", "problems_by_case", "run_order"]
+__all__ = ["KINDS", "Problem", "ScheduleError", "check_schedule", "needs", "problems",
+           "problems_by_case", "run_order"]

@@ -8,6 +8,13 @@ passes values and gradients through unchanged. A sleeping rank leaves the core t
 so p ranks on fewer cores still "compute" in parallel, and splitting a batch into m
 micro-batches splits the work m ways, as real compute would. Put one in each stage
 (`delay_blocks`), or after any layer.
+
+A backward split into B (input gradient) and W (weight gradient) (Qi et al., "Zero Bubble
+Pipeline Parallelism", ICLR 2024) needs the two parts to take separate times: with `weight` > 0
+the layer multiplies its output by a one-element parameter, `clock`, equal to 1 (so values and
+input gradients are bitwise unchanged) whose gradient path sleeps `weight` seconds per sample.
+The input-gradient path sleeps `backward`; an unsplit backward runs both paths, so it takes
+`backward` + `weight`, and a split one takes `backward` in B and `weight` in W.
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ def no_delay() -> Iterator[None]:
 
 
 class _Sleep(torch.autograd.Function):
-    """Identity both ways; sleeps rows·forward going forward and rows·backward coming back."""
+    """Identity both ways; sleeps rows·forward going forward and rows·backward coming back
+    (the input-gradient path)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, forward: float, backward: float) -> Tensor:
@@ -47,32 +55,59 @@ class _Sleep(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        time.sleep(ctx.seconds)
+        if _SLEEP[0]:
+            time.sleep(ctx.seconds)
         return grad, None, None
 
 
-class Delay(nn.Module):
-    """Identity layer that sleeps `forward` s per sample forward and `backward` s per sample
-    backward (a calibrated stand-in for compute; see the module docstring)."""
+class _WeightSleep(torch.autograd.Function):
+    """Identity on the clock parameter; its backward (the weight-gradient path) sleeps."""
 
-    def __init__(self, forward: float = 1e-3, backward: float = 2e-3) -> None:
+    @staticmethod
+    def forward(ctx, clock: Tensor, seconds: float) -> Tensor:
+        ctx.seconds = seconds
+        return clock.view_as(clock)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        if _SLEEP[0]:
+            time.sleep(ctx.seconds)
+        return grad, None
+
+
+class Delay(nn.Module):
+    """Identity layer that sleeps `forward` s per sample forward, `backward` s per sample on the
+    input-gradient path and `weight` s per sample on the weight-gradient path (a calibrated
+    stand-in for compute; see the module docstring)."""
+
+    def __init__(self, forward: float = 1e-3, backward: float = 2e-3, weight: float = 0.0, *,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
-        if not (forward >= 0 and backward >= 0):
-            raise ValueError(f"Delay: forward and backward must be seconds >= 0, got "
-                             f"{forward}, {backward}")
+        if not (forward >= 0 and backward >= 0 and weight >= 0):
+            raise ValueError(f"Delay: forward, backward and weight must be seconds >= 0, got "
+                             f"{forward}, {backward}, {weight}")
         self.forward_s, self.backward_s = float(forward), float(backward)
+        self.weight_s = float(weight)
+        # Only a layer with weight time has a parameter: without it, nothing changes.
+        clock = nn.Parameter(torch.ones((), device=device)) if weight > 0 else None
+        self.register_parameter("clock", clock)
 
     def forward(self, x: Tensor) -> Tensor:
-        return _Sleep.apply(x, self.forward_s, self.backward_s)
+        out = _Sleep.apply(x, self.forward_s, self.backward_s)
+        if self.clock is None:
+            return out
+        return out * _WeightSleep.apply(self.clock, self.weight_s * x.shape[0])
 
     def extra_repr(self) -> str:
-        return f"forward={self.forward_s:g} s/sample, backward={self.backward_s:g} s/sample"
+        return (f"forward={self.forward_s:g} s/sample, backward={self.backward_s:g} s/sample"
+                + (f", weight={self.weight_s:g} s/sample" if self.clock is not None else ""))
 
 
 def delay_blocks(n: int, *, width: int = 16, forward: float = 1e-3, backward: float = 2e-3,
-                 seed: int = 0) -> list[nn.Module]:
+                 weight: float = 0.0, seed: int = 0) -> list[nn.Module]:
     """`n` blocks Linear(width, width) → ReLU → `Delay`: a model whose every block takes a known
-    time per sample, to cut into pipeline stages. Weights are seeded (same on every rank)."""
+    time per sample (`weight` > 0: the backward's weight-gradient part separately), to cut into
+    pipeline stages. Weights are seeded (same on every rank)."""
     check_int("delay_blocks", "n", n, hint="number of blocks")
     gen = torch.Generator().manual_seed(seed)
     blocks = []
@@ -84,7 +119,7 @@ def delay_blocks(n: int, *, width: int = 16, forward: float = 1e-3, backward: fl
             bound = 1.0 / width ** 0.5
             lin.weight.uniform_(-bound, bound, generator=gen)
             lin.bias.uniform_(-bound, bound, generator=gen)
-        blocks.append(nn.Sequential(lin, nn.ReLU(), Delay(forward, backward)))
+        blocks.append(nn.Sequential(lin, nn.ReLU(), Delay(forward, backward, weight)))
     return blocks
 
 

@@ -20,12 +20,24 @@ module      holds
             (`coords`, `groups`, `span`), `AXES`
 `plan`      `predict` (one layout: memory parts, time parts, MFU, HFU), `layouts` (enumerate),
             `plan` (predict all, rank), `as_shape`, `EFFICIENCY`
+`comm`      the α-β terms both use: a micro-batch's tp/cp/pp traffic, a gradient exchange
+`moe_shapes` `MoEShape` (experts, top-k, GQA; parameters, active parameters, FLOPs), presets
+            `MOE_MODELS` (Mixtral 8x7B)
+`experts`   the expert-parallel axis: `predict_moe` (experts sharded over ep, all-to-all time),
+            `layouts_moe`, `plan_moe`
 ==========  =====================================================================================
+
+    mixtral = planner.moe_shape("mixtral-8x7b")
+    planner.plan_moe(mixtral, dgx.with_gpus(64), global_batch=256, seq_len=4096)  # ranked, ep
 """
 
 from .cluster import CLUSTERS, Cluster, cluster, laptop
-from .layout import AXES, Layout
+from .layout import AXES, EXPERT_AXES, Layout
 from .plan import EFFICIENCY, Prediction, as_shape, divisors, layouts, plan, predict, stage_params
+from .moe_shapes import MOE_MODELS, MoEShape, moe_shape
+from .experts import layouts_moe, plan_moe, predict_moe
 
-__all__ = ["AXES", "CLUSTERS", "EFFICIENCY", "Cluster", "Layout", "Prediction", "as_shape",
-           "cluster", "divisors", "laptop", "layouts", "plan", "predict", "stage_params"]
+__all__ = ["AXES", "CLUSTERS", "EFFICIENCY", "EXPERT_AXES", "MOE_MODELS", "Cluster", "Layout",
+           "MoEShape", "Prediction", "as_shape", "cluster", "divisors", "laptop", "layouts",
+           "layouts_moe", "moe_shape", "plan", "plan_moe", "predict", "predict_moe",
+           "stage_params"]

@@ -13,6 +13,14 @@ order "tp-cp-dp-pp"; torchtitan's mesh is the same with pp outermost):
 so a tensor-parallel group is tp consecutive ranks (inside a node when tp <= GPUs per node,
 where its four all-reduces per layer want NVLink), and pipeline neighbours are furthest apart
 (they exchange one activation per micro-batch, the least traffic of all).
+
+Experts (mixture-of-experts models) get a layout of their own inside each pipeline stage: its
+tp·cp·dp ranks are laid out again as ep × edp for the MoE layers, ep fastest ("MoE parallel
+folding", Liu et al., 2025, arXiv:2504.14960, as in Megatron-Core). An expert-parallel group is
+ep consecutive ranks of a stage, each holding E/ep whole experts and exchanging tokens with the
+others by all-to-all; an expert-data-parallel group ("edp", tp·cp·dp/ep ranks) holds the same
+experts and reduces their gradients. ep = 1 is a dense model's layout, and ep is not a factor of
+the world size (it folds over ranks that dp, cp and tp already count).
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ __all__ = ["AXES", "Layout"]
 
 AXES = ("pp", "dp", "cp", "tp")
 """Axes of the rank grid, outermost first."""
+EXPERT_AXES = ("ep", "edp")
+"""Groups of the MoE layers inside a stage: expert-parallel, expert-data-parallel."""
 _LABEL = {"none": "", "selective": " sel", "full": " rc"}  # recompute policy in `label()`
 
 
@@ -54,10 +64,17 @@ class Layout:
     or ring attention's online softmax)."""
     sequence_parallel: bool = True
     """With tp > 1, keep LayerNorm/dropout activations split along the sequence (Korthikanti)."""
+    ep: int = 1
+    """Expert-parallel degree of the MoE layers: ep consecutive ranks of a stage share the experts,
+    E/ep each (module docstring); it must divide tp·cp·dp. 1 for a dense model."""
 
     def __post_init__(self) -> None:
         check_ints("Layout", dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp,
-                   micro_batches=self.micro_batches)
+                   micro_batches=self.micro_batches, ep=self.ep)
+        if self.stage_size % self.ep:
+            raise ValueError(f"Layout: ep={self.ep} must divide the ranks of one pipeline stage, "
+                             f"tp × cp × dp = {self.tp} × {self.cp} × {self.dp} = "
+                             f"{self.stage_size}, over which the experts are laid out")
         if not is_int(self.zero) or self.zero not in (0, 1, 2, 3):
             raise ValueError(f"Layout: zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
         if self.recompute not in RECOMPUTE:
@@ -71,6 +88,17 @@ class Layout:
     def world_size(self) -> int:
         """dp × tp × pp × cp."""
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def stage_size(self) -> int:
+        """Ranks of one pipeline stage: tp × cp × dp."""
+        return self.tp * self.cp * self.dp
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel degree: ranks of a stage that hold the same experts,
+        tp·cp·dp / ep."""
+        return self.stage_size // self.ep
 
     def check(self, world_size: int) -> "Layout":
         """Raise unless dp × tp × pp × cp == `world_size`; return self."""
@@ -107,9 +135,13 @@ class Layout:
 
     def groups(self, axis: str) -> list[list[int]]:
         """The process groups along `axis`: ranks that differ only in that coordinate
-        (e.g. "tp": every tensor-parallel group), each in increasing order."""
+        (e.g. "tp": every tensor-parallel group), each in increasing order. "ep" and "edp":
+        the MoE layers' expert-parallel and expert-data-parallel groups (module docstring)."""
+        if axis in EXPERT_AXES:
+            return self._expert_groups(axis)
         if axis not in AXES:
-            raise ValueError(f"Layout.groups: axis must be one of {AXES}, got {axis!r}")
+            raise ValueError(f"Layout.groups: axis must be one of {AXES + EXPERT_AXES}, "
+                             f"got {axis!r}")
         others = [a for a in AXES if a != axis]
         sizes = dict(zip(AXES, self.shape))
         out = []
@@ -118,9 +150,26 @@ class Layout:
             out.append([self.rank(**base, **{axis: i}) for i in range(sizes[axis])])
         return sorted(out)
 
+    def _expert_groups(self, axis: str) -> list[list[int]]:
+        n, out = self.stage_size, []
+        for stage in range(self.pp):
+            base = stage * n
+            if axis == "ep":  # ep consecutive ranks of the stage
+                out += [[base + b * self.ep + j for j in range(self.ep)]
+                        for b in range(n // self.ep)]
+            else:  # the same place in every ep group of the stage
+                out += [[base + b * self.ep + j for b in range(n // self.ep)]
+                        for j in range(self.ep)]
+        return sorted(out)
+
     def span(self, axis: str) -> int:
         """How many consecutive ranks one group along `axis` reaches across: the stride of the
-        axis times its size. A group whose span fits in a node uses the intra-node link."""
+        axis times its size. A group whose span fits in a node uses the intra-node link.
+        "ep": ep; "edp": the whole stage, tp·cp·dp."""
+        if axis == "ep":
+            return self.ep
+        if axis == "edp":
+            return self.stage_size
         if axis not in AXES:
             raise ValueError(f"Layout.span: axis must be one of {AXES}, got {axis!r}")
         i = AXES.index(axis)
@@ -130,8 +179,9 @@ class Layout:
         return span
 
     def label(self) -> str:
-        """Short text, e.g. "dp4·tp2·pp1 z1 m8" (then " rc" for full recomputation, " sel" for
-        selective, " flash" for flash-style attention)."""
+        """Short text, e.g. "dp4·tp2·pp1 z1 m8" or "dp4·tp1·pp1·ep2 z0 m1" (then " rc" for full
+        recomputation, " sel" for selective, " flash" for flash-style attention)."""
         cp = f"·cp{self.cp}" if self.cp > 1 else ""
+        cp += f"·ep{self.ep}" if self.ep > 1 else ""
         rc = _LABEL[self.recompute] + (" flash" if self.attention == "flash" else "")
         return f"dp{self.dp}·tp{self.tp}·pp{self.pp}{cp} z{self.zero} m{self.micro_batches}{rc}"

@@ -49,7 +49,6 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-from .. import cost
 from ..arguments import check_ints
 from ..flops import step_flops
 from ..memory import ATTENTION, RECOMPUTE, GiB, MIXED_ADAM, ModelShape, Recipe, model_shape
@@ -57,6 +56,7 @@ from ..memory import activation_bytes_per_layer, model_state_bytes
 from ..models import GPTConfig, gpt_param_count
 from ..cost.bubble import bubble_fraction, peak_activations
 from .cluster import Cluster
+from .comm import exchange_time, micro_batch_comm
 from .layout import Layout
 
 __all__ = ["EFFICIENCY", "Prediction", "as_shape", "divisors", "layouts", "plan", "predict",
@@ -139,6 +139,10 @@ class Prediction:
     recomputation."""
     tokens_per_s: float
     """B·s / step."""
+    ep_comm: float = 0.0
+    """Seconds of the MoE layers' token all-to-alls per step (`predict_moe`; 0 for dense)."""
+    expert_states: float = 0.0
+    """Bytes of the experts' states, a part of `states` (`predict_moe`; 0 for dense)."""
 
     @property
     def memory(self) -> float:
@@ -159,6 +163,9 @@ def predict(model: ModelShape | GPTConfig | str, cluster: Cluster, layout: Layou
     s = shape.seq_len if seq_len is None else seq_len
     layout.check(cluster.world_size)
     d = layout
+    if d.ep > 1:
+        raise ValueError(f"predict: ep={d.ep} shards experts, which {shape.name} has none of; "
+                         f"use planner.predict_moe with an MoEShape")
     check_ints("predict", global_batch=global_batch, seq_len=s)
     if not 0 < efficiency <= 1:
         raise ValueError(f"predict: efficiency must be in (0, 1], got {efficiency!r}")
@@ -194,21 +201,9 @@ def predict(model: ModelShape | GPTConfig | str, cluster: Cluster, layout: Layou
     world = cluster.world_size
     compute = flops["hardware"] / world / (cluster.peak_flops * efficiency)
     m = d.micro_batches
-    tp_mb = 0.0
-    if d.tp > 1:
-        n_ar = 6 if d.recompute == "full" else 4
-        n = b * s_local * h * elem_bytes  # one (b, s/cp, h) activation
-        tp_mb = layers * n_ar * float(cost.predict("all_reduce", "ring", n, d.tp,
-                                                   cluster.link(d.span("tp"))))
-    cp_mb = 0.0
-    if d.cp > 1:  # forward passes cp−1 key/value blocks; backward passes them and their grads
-        link = cluster.link(d.span("cp"))
-        kv = 2 * b * s_local * h / d.tp * elem_bytes
-        cp_mb = layers * 3 * (d.cp - 1) * (link.alpha + kv * link.beta)
-    pp_mb = 0.0
-    if d.pp > 1:  # Megatron's scatter/gather: each tp rank sends 1/tp of the activation
-        link = cluster.link(d.span("pp"))
-        pp_mb = 2 * (link.alpha + b * s_local * h / d.tp * elem_bytes * link.beta)
+    tp_mb, cp_mb, pp_mb = micro_batch_comm(
+        d, cluster, b=b, s_local=s_local, hidden=h, layers=layers, elem_bytes=elem_bytes,
+        all_reduces=layers * (6 if d.recompute == "full" else 4))
     slot = compute / m + tp_mb + cp_mb + pp_mb
     pipeline = (m + d.pp - 1) * slot
     dp_comm = _dp_time(params, recipe, d, cluster)
@@ -224,21 +219,9 @@ def predict(model: ModelShape | GPTConfig | str, cluster: Cluster, layout: Layou
 
 
 def _dp_time(params: float, recipe: Recipe, d: Layout, cluster: Cluster) -> float:
-    """Seconds of the data-parallel exchange of this GPU's `params` (ZeRO §7's volumes)."""
-    q = d.dp * d.cp
-    if q == 1:
-        return 0.0
-    link = cluster.link(d.span("dp"))
-    grads, weights = params * recipe.grad_bytes, params * recipe.param_bytes
-
-    def t(collective: str, nbytes: float) -> float:
-        return float(cost.predict(collective, "ring", nbytes, q, link))
-
-    if d.zero == 0:
-        return t("all_reduce", grads)
-    if d.zero in (1, 2):
-        return t("reduce_scatter", grads) + t("all_gather", weights)
-    return 2 * t("all_gather", weights) + t("reduce_scatter", grads)
+    """Seconds of the data-parallel exchange of this GPU's `params` over the dp·cp ranks."""
+    return exchange_time(params, recipe, zero=d.zero, ranks=d.dp * d.cp,
+                         link=cluster.link(d.span("dp")))
 
 
 def divisors(n: int) -> list[int]:
@@ -286,22 +269,31 @@ def plan(model: ModelShape | GPTConfig | str, cluster: Cluster, *, global_batch:
     for d in layouts(shape, cluster, global_batch=global_batch, seq_len=s, **choices):
         p = predict(shape, cluster, d, global_batch=global_batch, seq_len=s, recipe=recipe,
                     efficiency=efficiency, elem_bytes=elem_bytes)
-        fields = asdict(p)
-        rows.append({"config": d.label(), "dp": d.dp, "tp": d.tp, "pp": d.pp, "cp": d.cp,
-                     "zero": d.zero, "m": d.micro_batches,
-                     "b": global_batch // (d.dp * d.micro_batches), "recompute": d.recompute,
-                     "attention": d.attention,
-                     **{f"{k}_GiB": fields[k] / GiB for k in ("states", "activations",
-                                                              "buffers")},
-                     "memory_GiB": p.memory / GiB, "fits": p.fits,
-                     **{k: fields[k] for k in ("compute", "tp_comm", "cp_comm", "pp_comm",
-                                               "bubble", "dp_comm", "step", "bubble_fraction",
-                                               "mfu", "hfu", "tokens_per_s")},
-                     "layout": d})
+        rows.append(plan_row(d, p, global_batch))
     if not rows:
         raise ValueError(f"plan: no layout of {shape.name} fits the constraints on "
                          f"{cluster.world_size} GPUs with global_batch={global_batch}")
-    table = pd.DataFrame(rows)
+    return rank_plans(pd.DataFrame(rows))
+
+
+def plan_row(d: Layout, p: Prediction, global_batch: int) -> dict:
+    """One row of a plan table: the layout's degrees, b, memory parts in GiB, time parts in
+    seconds, step, MFU, HFU, tokens/s, and the `Layout` itself."""
+    fields = asdict(p)
+    return {"config": d.label(), "dp": d.dp, "tp": d.tp, "pp": d.pp, "cp": d.cp,
+            "zero": d.zero, "m": d.micro_batches,
+            "b": global_batch // (d.dp * d.micro_batches), "recompute": d.recompute,
+            "attention": d.attention,
+            **{f"{k}_GiB": fields[k] / GiB for k in ("states", "activations", "buffers")},
+            "memory_GiB": p.memory / GiB, "fits": p.fits,
+            **{k: fields[k] for k in ("compute", "tp_comm", "cp_comm", "pp_comm", "bubble",
+                                      "dp_comm", "step", "bubble_fraction", "mfu", "hfu",
+                                      "tokens_per_s")},
+            "layout": d}
+
+
+def rank_plans(table: pd.DataFrame) -> pd.DataFrame:
+    """Layouts that fit first, fastest first; equal times go to the simpler layout."""
     # Equal times (ZeRO 0-2 move the same bytes; micro-batches cost nothing extra at pp = 1 in
     # this model, though small ones run less efficiently on a real GPU) go to the simpler
     # layout: lower ZeRO stage, fewer micro-batches, less recomputation, plain attention. Times

@@ -17,12 +17,12 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from ..arguments import check_int
-from ..pipeline import NAMES, bubble_fraction, in_flight, make_schedule, simulate
+from ..pipeline import CLASSIC, bubble_fraction, in_flight, make_schedule, simulate
 from ..viz.pipeline import gantt
 from .base import SliderExplorer
 
-SCHEDULES = NAMES
-"""What the schedule menu offers: every schedule `make_schedule` knows."""
+SCHEDULES = CLASSIC
+"""What the schedule menu offers: lesson 10's schedules (lesson 11's explorer has the rest)."""
 P_MAX, M_MAX, V_MAX = 8, 16, 4   # slider ranges: enough to see the trends, small enough to read
 
 

@@ -1,0 +1,24 @@
+"""Bytes a process handed to the kernel to write: ``wchar`` of ``/proc/self/io`` (Linux, proc(5)).
+
+Every write to a socket, pipe or file counts, whoever makes it: Python, or C++ such as gloo's
+transport under torch DDP's reducer, which no Python wrapper sees. The difference of two readings
+taken around some work is what the process wrote meanwhile (PLATFORM_FACTS: it matches the
+bytes a rank sends to ±0.01 %). Lesson 16 sets it beside the recorder; the grader's in-rank
+harness compares it with the recorded messages.
+"""
+
+from __future__ import annotations
+
+__all__ = ["written_bytes"]
+
+
+def written_bytes() -> int | None:
+    """Bytes this process has written so far (``wchar``), or None where there is no /proc."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
