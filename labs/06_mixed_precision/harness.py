@@ -25,7 +25,9 @@ BF16 = torch.bfloat16
 
 
 def _randn(gen: torch.Generator, shape, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(tuple(shape), generator=gen, dtype=torch.float64) * scale
+    # Drawn in the grader, on the generator's device (the CPU: the same numbers whatever the
+    # ranks' device); the rank-side calls move a rank's inputs to call.device.
+    return torch.randn(tuple(shape), generator=gen, dtype=torch.float64, device=gen.device) * scale
 
 
 def make_inputs(case: dict, world_size: int) -> list[dict]:

@@ -6,8 +6,8 @@ and the loss is multiplied by a scale s before backward so small gradients survi
 then divided by s in fp32 before the update (§3.2). The dynamic rule for s is
 `torch.amp.GradScaler`'s ("Gradient Scaling" in its documentation):
 
-    an inf/NaN gradient on ANY rank:   skip the step;  s ← s · backoff;  good ← 0
-    otherwise:                         step;  good ← good + 1;  if good = N: s ← s · growth, good ← 0
+    an inf/NaN gradient on ANY rank:  skip the step;  s ← s · backoff;  good ← 0
+    otherwise:                        step;  good ← good + 1;  if good = N: s ← s·growth, good ← 0
 
 Data parallel (lesson 04): the ranks average their gradients with one all-reduce per step. In
 bf16 that all-reduce passes 2 bytes per parameter instead of fp32's 4: half the bytes.
