@@ -104,10 +104,10 @@ def judge_scaler(r: CaseResult) -> Verdict:
             f"backoff ×{c.get('backoff_factor', 0.5):g}")
     for k, (got, w) in enumerate(zip(o["scales"], want)):
         if got != w:
-            why = ""
-            if not flags[k] and got == want[k - 1] * c.get("growth_factor", 2.0) if k else False:
+            why, before = "", want[k - 1] if k else c["init_scale"]
+            if not flags[k] and got == before * c.get("growth_factor", 2.0):
                 why = ": it grew too early (N good steps in a row, then grow and restart the count)"
-            elif flags[k] and got == (want[k - 1] if k else c["init_scale"]):
+            elif flags[k] and got == before:
                 why = ": an inf/NaN step must back off"
             return _fail(r, f"after update {k + 1} (flags {flags[:k + 1]}, {rule}) the scale is "
                             f"{got:g}, expected {w:g}{why}")
@@ -230,15 +230,21 @@ def judge_train(r: CaseResult) -> Verdict:
             return _fail(r, f"rank {rank}'s loss scale after each step is {got_scales}, "
                             f"expected {want_scales}")
         for t, h in enumerate(hist):
-            if h["masters"][0].dtype != torch.float32:
-                return _fail(r, f"the masters are {h['masters'][0].dtype} ({NOT_KEPT})")
+            kinds = {m.dtype if isinstance(m, torch.Tensor) else type(m).__name__
+                     for m in h["masters"]}
+            if kinds != {torch.float32}:
+                return _fail(r, f"the masters are {sorted(map(str, kinds))} ({NOT_KEPT}): "
+                                f"float32 tensors expected")
             moved = ex.distance(ref[t], w0)
             err = ex.distance(h["masters"], ref[t])
             if not err <= ex.TOLERANCE * moved + 1e-6:
-                before = hist[first - 1]["masters"] if first else w0
-                want_before = ref[first - 1] if first else w0
-                ratio = ex.step_ratio(before, hist[first]["masters"], want_before, ref[first])
-                why = ex.name_step(ratio, c["init_scale"]) or (
+                why = None
+                if first is not None:  # how far the first step taken went, against the ref's
+                    before = hist[first - 1]["masters"] if first else w0
+                    want_before = ref[first - 1] if first else w0
+                    ratio = ex.step_ratio(before, hist[first]["masters"], want_before, ref[first])
+                    why = ex.name_step(ratio, c["init_scale"])
+                why = why or (
                     f"max error {err:.3g} against the float64 reference, which has moved "
                     f"{moved:.3g} from the start (tolerance {ex.TOLERANCE:.0%} of that)")
                 return _fail(r, f"masters on rank {rank} after step {t}: {why}")

@@ -55,17 +55,17 @@ def trajectory(r: CaseResult, *, grad_factor: float = 1.0) -> list[list[torch.Te
     i0 = r.inputs[0]
     start = rounded([i0["w0"], i0["b0"]])  # the working weights the ranks begin with
     masters = master_copy(start, torch.float64)
-    optimizer = torch.optim.SGD(masters, lr=r.case["lr"])
+    sgd = torch.optim.SGD(masters, lr=r.case["lr"])
     xs = [i["x"].to(torch.bfloat16).double() for i in r.inputs]  # the ranks' bf16 inputs
     ys = [i["y"].float().double() for i in r.inputs]
     out = []
     for t, skip in enumerate(skipped(r.case)):
         if not skip:
-            optimizer.zero_grad()
+            sgd.zero_grad()
             w, b = masters
             loss = sum(((x[t] @ w.T + b - y[t]) ** 2).mean() for x, y in zip(xs, ys))
             (loss / len(xs) * grad_factor).backward()
-            optimizer.step()
+            sgd.step()
         out.append([m.detach().clone() for m in masters])
     return out
 
@@ -88,7 +88,7 @@ def step_ratio(before: list[torch.Tensor], after: list[torch.Tensor],
 
 def name_step(ratio: float, scale: float) -> str | None:
     """The usual mistake a step of `ratio` times the reference's means, or None."""
-    if abs(ratio) < 1e-3 and scale < 1e3 or abs(ratio) < 1e-6:
+    if abs(ratio) < min(1e-3, 0.1 / scale):  # no movement, and not the 1/s of a double unscale
         return ("the masters did not move: the optimizer must step the fp32 masters, and "
                 "copy_to_working round them into the working weights")
     if scale != 1 and abs(ratio * scale - 1) < 0.2:

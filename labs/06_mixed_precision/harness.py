@@ -129,10 +129,10 @@ def _unscale(student, call):
 
 
 def _reduce(student, call):
-    params = _grads(call)
+    bf16 = _grads(call)
     with call.section("reduce"):
-        student.all_reduce_gradients(params)
-    return {"grads": [_clone(p.grad) for p in params]}
+        student.all_reduce_gradients(bf16)
+    return {"grads": [_clone(p.grad) for p in bf16]}
 
 
 def _train(student, call):

@@ -12,13 +12,11 @@ then divided by s in fp32 before the update (§3.2). The dynamic rule for s is
 Data parallel (lesson 04): the ranks average their gradients with one all-reduce per step. In
 bf16 that all-reduce passes 2 bytes per parameter instead of fp32's 4: half the bytes.
 
-One step, every rank (`train_step`):
-
-    loss = loss_fn(model);  (loss · s).backward()      16-bit gradients, s times too large
-    all_reduce_gradients(params)                       one flat bf16 all-reduce of the mean
-    found = scaler.unscale_(params, masters)           master.grad = grad / s in fp32; any rank?
-    if not found: optimizer.step(); copy_to_working    the masters step, the 16-bit copy follows
-    scaler.update(found)                               backoff or growth
+One step, every rank (`train_step`): forward, and backward of the loss times s (16-bit
+gradients, s times too large); one flat bf16 all-reduce of the mean gradient; unscaling into
+the fp32 masters' gradients, with the inf/NaN flag combined over the ranks; then either an
+optimizer step on the masters followed by their rounding into the working weights, or, where
+some rank found an inf/NaN, no step on any rank; finally the scale's update.
 
 Use ``dist.all_reduce`` only (`toolkit.precision`, the course's own answer, is off limits).
 Create every tensor on the device of the data it belongs to (``device=p.device``, ``*_like``).
@@ -112,13 +110,11 @@ class LossScaler:
         `growth_interval` good steps in a row."""
         ### BEGIN SOLUTION
         if found_inf:
-            self.scale *= self.backoff_factor
-            self.good_steps = 0
+            self.scale, self.good_steps = self.scale * self.backoff_factor, 0
             return
         self.good_steps += 1
         if self.good_steps == self.growth_interval:
-            self.scale *= self.growth_factor
-            self.good_steps = 0
+            self.scale, self.good_steps = self.scale * self.growth_factor, 0
         ### END SOLUTION
         ### HINT: two counters change: the scale, and the good steps in a row.
 
@@ -174,14 +170,14 @@ def train_step(model: nn.Module, masters: list[Tensor], optimizer: torch.optim.O
     `master_copy(model.parameters())`, `optimizer` steps them; `loss_fn(model)` is this rank's
     loss on its share of the batch. Returns True when the step was taken, False when skipped."""
     ### BEGIN SOLUTION
-    params = list(model.parameters())
+    working = list(model.parameters())
     model.zero_grad(set_to_none=True)
     scaler.scale_loss(loss_fn(model)).backward()
-    all_reduce_gradients(params)
-    found = scaler.unscale_(params, masters)
+    all_reduce_gradients(working)
+    found = scaler.unscale_(working, masters)
     if not found:
         optimizer.step()
-        copy_to_working(masters, params)
+        copy_to_working(masters, working)
     optimizer.zero_grad(set_to_none=True)  # a skipped step's master gradients are dropped too
     scaler.update(found)
     return not found
