@@ -13,27 +13,17 @@ the masters rounded to bf16 on every rank (Micikevicius et al., 2018, §3.1-3.2)
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import torch
 
 from autograder.feedback import describe
 from autograder.lab import CaseResult, Check, LabInfo, Verdict
+from autograder.sandbox.rank import load_module
 
 
-def _sibling(name: str):
-    """This folder's `name`.py (the grader loads lab files by path, not from sys.path)."""
-    tag = f"_autograder_lab_06_mixed_precision_{name}"
-    spec = importlib.util.spec_from_file_location(tag, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[tag] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ex = _sibling("expected")
+# This folder's expected.py, loaded by path as the grader loads every lab file.
+ex = load_module(Path(__file__).with_name("expected.py"), "_autograder_lab_06_expected")
 
 LAB = LabInfo(
     slug="06_mixed_precision",
