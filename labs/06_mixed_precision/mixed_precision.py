@@ -167,7 +167,8 @@ def all_reduce_gradients(params: Iterable[Tensor]) -> None:
 def train_step(model: nn.Module, masters: list[Tensor], optimizer: torch.optim.Optimizer,
                scaler: LossScaler, loss_fn: Callable[[nn.Module], Tensor]) -> bool:
     """One mixed-precision data-parallel step on this rank (module docstring). `masters` are
-    `master_copy(model.parameters())`, `optimizer` steps them; `loss_fn(model)` is this rank's
+    `master_copy(model.parameters())`, `optimizer` steps them (a torch optimizer, or anything
+    with ``step()`` and ``zero_grad(set_to_none=True)``); `loss_fn(model)` is this rank's
     loss on its share of the batch. Returns True when the step was taken, False when skipped."""
     ### BEGIN SOLUTION
     working = list(model.parameters())
