@@ -148,6 +148,8 @@ PER_LAB = {
                              ["bubble_fraction", "gpipe"]),
     "05_tensor_parallel_mlp": ("tp_mlp.py", CREEP + "RowParallelLinear.forward = _creep\n",
                                ["RowParallelLinear", "ColumnParallelLinear"]),
+    "06_mixed_precision": ("mixed_precision.py", CREEP + "all_reduce_gradients = _creep\n",
+                           ["all_reduce_gradients", "master_copy"]),
 }
 
 
