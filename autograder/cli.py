@@ -109,7 +109,7 @@ def _batch(args) -> int:
         tasks = None if args.slurm == "auto" else args.slurm
         rows = run_slurm_batch(args.folder, lab_dir, args.out, tasks=tasks,
                                jobs=args.jobs, max_score=lab.max_score,
-                               sbatch_args=args.sbatch)
+                               sbatch_args=args.sbatch, **_slurm_devices(args, lab))
     else:
         device, sets = _batch_devices(args, lab)
         rows = run_batch(args.folder, lab_dir, args.out, jobs=args.jobs, device=device,
@@ -118,6 +118,28 @@ def _batch(args) -> int:
     print(f"graded {len(rows)} submissions into {args.out} (summary.csv); "
           f"mean score {sum(scores) / len(scores):.1f}")
     return 0
+
+
+def _slurm_devices(args, lab) -> dict:
+    """--device / --gpus-per-grade for the job array: checked here against the lab (this login
+    node need not have GPUs); each compute node resolves its own GPUs."""
+    from .grade import max_ranks
+
+    if args.device == "cpu":
+        if args.gpus_per_grade:
+            raise ValueError("--gpus-per-grade gives each grade GPUs: add --device cuda (or auto)")
+        return {"device": "cpu"}
+    if "cuda" not in lab.info.devices:
+        if args.device == "cuda":
+            raise ValueError(f"{lab.info.slug} runs on {', '.join(lab.info.devices)} only: "
+                             "grade it with --device cpu")
+        return {"device": "cpu"}
+    ranks = max_ranks(lab)
+    per_grade = args.gpus_per_grade or ranks
+    if per_grade < ranks:
+        raise ValueError(f"--gpus-per-grade {per_grade}: {lab.info.slug}'s launches use up to "
+                         f"{ranks} ranks, one GPU each; ask for at least {ranks}")
+    return {"device": args.device, "gpus_per_grade": per_grade}
 
 
 def _batch_devices(args, lab) -> tuple[str, list[list[int]]]:
