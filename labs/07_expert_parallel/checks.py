@@ -84,7 +84,8 @@ def judge_keep(r: CaseResult) -> Verdict:
         why = f"an expert keeps {int(per_expert.max())} choices, more than the capacity"
     else:
         t, j = (got != want).nonzero()[0].tolist()
-        why = f"choice {j} of token {t} (expert {int(expert[t, j])}) is {'kept' if got[t, j] else 'dropped'}"
+        state = "kept" if got[t, j] else "dropped"
+        why = f"choice {j} of token {t} (expert {int(expert[t, j])}) is {state}"
     return _fail(r, f"keep: {why}; {where}")
 
 
