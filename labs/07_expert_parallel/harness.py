@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 def _rand(gen: torch.Generator, shape, bound: float) -> torch.Tensor:
     # Drawn in the grader on the CPU generator: the same numbers whatever the ranks' device.
-    return (2 * torch.rand(tuple(shape), generator=gen, dtype=torch.float64) - 1) * bound
+    return (2 * torch.rand(tuple(shape), generator=gen, dtype=torch.float64, device=gen.device)
+            - 1) * bound
 
 
 def make_inputs(case: dict, world_size: int) -> list[dict]:
@@ -34,7 +35,7 @@ def make_inputs(case: dict, world_size: int) -> list[dict]:
     if kind == "capacity":
         return [{}] * world_size
     if kind == "keep":
-        weights = torch.ones(case["experts"], dtype=torch.float64)
+        weights = torch.ones(case["experts"], dtype=torch.float64, device=shared.device)
         weights[0] = case["hot"]
         expert = torch.stack([torch.multinomial(weights, case["top_k"], generator=shared)
                               for _ in range(case["tokens"])])
