@@ -6,12 +6,8 @@ marks, the release and the stubs are tested with every lab in test_autograder.py
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
-from faultkit import ROOT, assert_failed, run_grade, source, submission
-
-from autograder.lab import load_lab
+from faultkit import ROOT, assert_failed, grade_fault_on_check
 
 LAB_DIR = ROOT / "labs" / "07_expert_parallel"
 FAULTS = ROOT / "tests" / "faults" / "07_expert_parallel"
@@ -36,14 +32,8 @@ CASES = {
 @pytest.mark.parametrize("fault", sorted(CASES))
 def test_the_usual_mistake_is_named(fault, tmp_path):
     prefix, kind, says = CASES[fault]
-    lab = load_lab(LAB_DIR, hidden=False)
-    check = next(c for c in lab.checks if c.name.startswith(prefix))
-    small = dataclasses.replace(lab, checks=[dataclasses.replace(check, cases=check.cases[:1],
-                                                                 timeout=60.0)])
-    text = source(fault, LAB_DIR / "moe_exchange.py", FAULTS)
-    path = submission(fault, tmp_path / "subs", text=text, name="moe_exchange.py")
-    result, _ = run_grade(small, path, tmp_path)
-    assert_failed(result.checks[0], kind, *says)
+    check = grade_fault_on_check(LAB_DIR, FAULTS, fault, prefix, tmp_path)
+    assert_failed(check, kind, *says)
 
 
 def test_every_fault_file_has_a_case():
