@@ -113,6 +113,23 @@ def all_to_all(send: Tensor, in_splits: list[int], out_splits: list[int],
     ### HINT: rank, isend every non-empty piece to another rank, copy your own, then wait all.
 
 
+def all_to_all_builtin(send: Tensor, in_splits: list[int], out_splits: list[int],
+                       group: Any = None) -> Tensor:
+    """OPTIONAL, not graded (the grader's courier carries no all_to_all_single): the same
+    exchange as `all_to_all` from one ``dist.all_to_all_single`` with uneven split sizes, which
+    gloo runs on CPU. The playground checks it against your `all_to_all` on real ranks; keep
+    `dispatch` and `combine` on `all_to_all` for the grader."""
+    check_splits(send, in_splits, out_splits, dist.get_world_size(group))
+    ### BEGIN SOLUTION
+    send = send.contiguous()
+    recv = send.new_empty((sum(out_splits), *send.shape[1:]))
+    dist.all_to_all_single(recv, send, out_splits, in_splits, group=group)
+    return recv
+    ### END SOLUTION
+    ### HINT: an empty receive buffer of sum(out_splits) rows; mind the order of the two split
+    ### HINT: lists in all_to_all_single's signature (output's first).
+
+
 class Exchange(torch.autograd.Function):
     """`all_to_all` whose backward sends the gradient back the other way."""
 
