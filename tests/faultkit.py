@@ -22,7 +22,7 @@ import psutil
 
 from autograder.failures import KINDS
 from autograder.grade import grade
-from autograder.lab import Lab
+from autograder.lab import Lab, load_lab
 from autograder.report import to_results_json, to_text, validate_results
 from autograder.sandbox.limits import Limits
 
@@ -132,6 +132,20 @@ def run_fault(lab: Lab, fault: str, names: list[str], tmp_path: Path, *,
     return result, dict(zip(names, result.checks))
 
 
+def grade_fault_on_check(lab_dir: Path, faults: Path, fault: str, prefix: str, tmp_path: Path):
+    """A lab's fault file (its reference with the fault appended) graded on the first case of
+    the one visible check whose name starts with `prefix`; that check's result."""
+    lab = load_lab(lab_dir, hidden=False)
+    check = next(c for c in lab.checks if c.name.startswith(prefix))
+    small = dataclasses.replace(lab, checks=[dataclasses.replace(check, cases=check.cases[:1],
+                                                                 timeout=60.0)])
+    student = lab.info.student_files[0]
+    text = source(fault, lab_dir / student, faults)
+    result, _ = run_grade(small, submission(fault, tmp_path / "subs", text=text, name=student),
+                          tmp_path)
+    return result.checks[0]
+
+
 def assert_failed(check, kind: str, *says: str) -> None:
     assert kind in KINDS
     assert (check.score, check.passed, check.kind) == (0, 0, kind), (check.kind, check.message)
@@ -148,5 +162,5 @@ def report_text(result) -> str:
 
 
 __all__ = ["FAULTS", "HANG_S", "LIMITS", "REFERENCE", "RING", "ROOT", "SMALL", "assert_failed",
-           "assert_passed", "line_of", "report_text", "ring_lines", "run_fault", "run_grade",
-           "small_lab", "source", "submission", "survivors"]
+           "assert_passed", "grade_fault_on_check", "line_of", "report_text", "ring_lines",
+           "run_fault", "run_grade", "small_lab", "source", "submission", "survivors"]

@@ -150,6 +150,8 @@ PER_LAB = {
                                ["RowParallelLinear", "ColumnParallelLinear"]),
     "06_mixed_precision": ("mixed_precision.py", CREEP + "all_reduce_gradients = _creep\n",
                            ["all_reduce_gradients", "master_copy"]),
+    "07_expert_parallel": ("moe_exchange.py", CREEP + "keep = _creep\n",
+                           ["keep", "expert_capacity"]),
 }
 
 

@@ -6,12 +6,8 @@ release and the stubs are tested with every lab in test_autograder.py."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
-from faultkit import ROOT, assert_failed, run_grade, source, submission
-
-from autograder.lab import load_lab
+from faultkit import ROOT, assert_failed, grade_fault_on_check
 
 LAB_DIR = ROOT / "labs" / "06_mixed_precision"
 FAULTS = ROOT / "tests" / "faults" / "06_mixed_precision"
@@ -33,14 +29,8 @@ CASES = {
 @pytest.mark.parametrize("fault", sorted(CASES))
 def test_the_usual_mistake_is_named(fault, tmp_path):
     prefix, says = CASES[fault]
-    lab = load_lab(LAB_DIR, hidden=False)
-    check = next(c for c in lab.checks if c.name.startswith(prefix))
-    small = dataclasses.replace(lab, checks=[dataclasses.replace(check, cases=check.cases[:1],
-                                                                 timeout=60.0)])
-    text = source(fault, LAB_DIR / "mixed_precision.py", FAULTS)
-    path = submission(fault, tmp_path / "subs", text=text, name="mixed_precision.py")
-    result, _ = run_grade(small, path, tmp_path)
-    assert_failed(result.checks[0], "wrong_result", *says)
+    check = grade_fault_on_check(LAB_DIR, FAULTS, fault, prefix, tmp_path)
+    assert_failed(check, "wrong_result", *says)
 
 
 def test_every_fault_file_has_a_case():
