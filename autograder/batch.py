@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from queue import Queue
 
+from .devices import grade_env
 from .report import validate_results
 
 
@@ -29,18 +32,31 @@ def find_submissions(folder: Path) -> list[Path]:
     return subs
 
 
-def _grade_one(sub: Path, lab_dir: Path, out: Path, timeout: float) -> tuple[Path, dict, float]:
+def grade_command(sub: Path, lab_dir: Path, results: Path, device: str,
+                  gpus: list[int] | None) -> tuple[list[str], dict[str, str]]:
+    """The grader process of one submission: its command and environment (on cuda, the GPU
+    set it holds alone while it runs)."""
+    cmd = [sys.executable, "-m", "autograder", "grade", str(sub), "--lab", str(lab_dir),
+           "--json", str(results), "--no-color", "--device", device]
+    return cmd, {**os.environ, **grade_env(device, gpus)}
+
+
+def _grade_one(sub: Path, lab_dir: Path, out: Path, timeout: float, device: str = "cpu",
+               sets: Queue | None = None) -> tuple[Path, dict, float]:
     target = out / sub.stem
     target.mkdir(parents=True, exist_ok=True)
     results = target / "results.json"
     start = time.monotonic()
-    cmd = [sys.executable, "-m", "autograder", "grade", str(sub), "--lab", str(lab_dir),
-           "--json", str(results), "--no-color"]
+    gpus = sets.get() if sets is not None else None
+    cmd, env = grade_command(sub, lab_dir, results, device, gpus)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         (target / "report.txt").write_text(proc.stdout + proc.stderr)
     except subprocess.TimeoutExpired:
         (target / "report.txt").write_text(f"the grader itself ran past {timeout:g} s\n")
+    finally:
+        if sets is not None:
+            sets.put(gpus)  # the next grade may have this set
     try:
         data = json.loads(results.read_text())
         if validate_results(data):
@@ -58,15 +74,26 @@ def _bar(done: int, total: int, width: int = 30) -> str:
 
 
 def run_batch(folder: Path, lab_dir: Path, out: Path, *, jobs: int = 2,
-              timeout: float = 600.0, stream=sys.stderr) -> list[dict]:
-    """Grade every submission in `folder`; write results and summary.csv into `out`."""
+              timeout: float = 600.0, stream=sys.stderr, device: str = "cpu",
+              gpu_sets: list[list[int]] | None = None) -> list[dict]:
+    """Grade every submission in `folder`; write results and summary.csv into `out`. On
+    cuda, each running grade holds one of `gpu_sets` (disjoint; `autograder.devices.gpu_sets`),
+    so at most ``len(gpu_sets)`` grades run at once whatever `jobs` says."""
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
+    sets = None
+    if device == "cuda":
+        if not gpu_sets:
+            raise ValueError("a cuda batch needs GPU sets (autograder.devices.gpu_sets)")
+        jobs, sets = min(jobs, len(gpu_sets)), Queue()
+        for gpus in gpu_sets:
+            sets.put(list(gpus))
     subs = find_submissions(folder)
     out.mkdir(parents=True, exist_ok=True)
     rows, tty = [], stream.isatty()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_grade_one, s, lab_dir, out, timeout) for s in subs]
+        futures = [pool.submit(_grade_one, s, lab_dir, out, timeout, device, sets)
+                   for s in subs]
         for done, fut in enumerate(as_completed(futures), 1):
             sub, data, seconds = fut.result()
             kinds = sorted({k for t in data.get("tests", []) for k in t.get("tags", [])})
@@ -90,4 +117,4 @@ def run_batch(folder: Path, lab_dir: Path, out: Path, *, jobs: int = 2,
     return rows
 
 
-__all__ = ["find_submissions", "run_batch"]
+__all__ = ["find_submissions", "grade_command", "run_batch"]

@@ -4,6 +4,7 @@
     autograder grade my_collectives.py --lab 01_collectives
     autograder batch submissions/ --lab 01_collectives --jobs 2 --out graded/
     autograder batch submissions/ --lab 01_collectives --slurm --out graded/   # a job array
+    autograder batch submissions/ --lab 02_ddp --device cuda --gpus-per-grade 4 --jobs 2
     autograder gradescope --lab 01_collectives --out autograder.zip
     autograder release --lab 01_collectives --out student/01_collectives
 
@@ -25,7 +26,8 @@ LABS_ROOT = Path(__file__).resolve().parent.parent / "labs"
 
 
 def _resolve(path: Path, lab: str | None) -> tuple[Path, Path]:
-    """(lab folder, submission) from `grade`'s arguments."""
+    """(lab folder, submission) from `grade`'s arguments. A slug is looked up in the labs root
+    only (never in the current folder); a lab given as a path is taken as given."""
     if lab:
         return find_lab(lab, LABS_ROOT), path
     if (path / "checks.py").is_file():
@@ -42,6 +44,7 @@ def _resolve(path: Path, lab: str | None) -> tuple[Path, Path]:
 
 
 def _grade(args) -> int:
+    from .devices import resolve_device
     from .grade import grade
     from .report import to_text, write_results
     from .sandbox.limits import Limits
@@ -49,10 +52,13 @@ def _grade(args) -> int:
     if not args.path.exists():
         raise ValueError(f"{args.path} does not exist")
     lab_dir, submission = _resolve(args.path, args.lab)
+    if args.device == "cuda" and not args.gpus:  # an instructor's option: refused, not graded
+        resolve_device("cuda", gpus=0, ranks=1)
     try:
         lab = load_lab(lab_dir, hidden=not args.no_hidden)
+        device, gpus = _device(args, lab)
         limits = Limits(wall_s=args.timeout) if args.timeout else Limits()
-        result = grade(lab, submission, limits=limits)
+        result = grade(lab, submission, limits=limits, device=device, gpus=gpus)
     except Exception:
         if args.json:  # never leave Gradescope without a results.json
             _internal_error(args.json, traceback.format_exc())
@@ -63,6 +69,22 @@ def _grade(args) -> int:
     if args.json:
         print(f"\nresults.json written to {args.json}")
     return 0
+
+
+def _device(args, lab) -> tuple[str, list[int]]:
+    """(device, the grade's GPUs) from --device and the GPUs this process was given (counted
+    before `main` hid them), checked against the lab; an error says what to do."""
+    from .devices import resolve_device
+    from .grade import max_ranks
+
+    gpus = args.gpus or []
+    device = resolve_device(args.device, gpus=len(gpus), ranks=max_ranks(lab))
+    if device == "cuda" and "cuda" not in lab.info.devices:
+        if args.device == "cuda":
+            raise ValueError(f"{lab.info.slug} runs on {', '.join(lab.info.devices)} only: "
+                             "grade it with --device cpu")
+        device = "cpu"
+    return device, gpus[:max_ranks(lab)] if device == "cuda" else []
 
 
 def _internal_error(path: Path, detail: str) -> None:
@@ -87,13 +109,60 @@ def _batch(args) -> int:
         tasks = None if args.slurm == "auto" else args.slurm
         rows = run_slurm_batch(args.folder, lab_dir, args.out, tasks=tasks,
                                jobs=args.jobs, max_score=lab.max_score,
-                               sbatch_args=args.sbatch)
+                               sbatch_args=args.sbatch, **_slurm_devices(args, lab))
     else:
-        rows = run_batch(args.folder, lab_dir, args.out, jobs=args.jobs)
+        device, sets = _batch_devices(args, lab)
+        rows = run_batch(args.folder, lab_dir, args.out, jobs=args.jobs, device=device,
+                         gpu_sets=sets)
     scores = [float(r["score"]) for r in rows]
     print(f"graded {len(rows)} submissions into {args.out} (summary.csv); "
           f"mean score {sum(scores) / len(scores):.1f}")
     return 0
+
+
+def _slurm_devices(args, lab) -> dict:
+    """--device / --gpus-per-grade for the job array: checked here against the lab (this login
+    node need not have GPUs); each compute node resolves its own GPUs."""
+    from .grade import max_ranks
+
+    if args.device == "cpu":
+        if args.gpus_per_grade:
+            raise ValueError("--gpus-per-grade gives each grade GPUs: add --device cuda (or auto)")
+        return {"device": "cpu"}
+    if "cuda" not in lab.info.devices:
+        if args.device == "cuda":
+            raise ValueError(f"{lab.info.slug} runs on {', '.join(lab.info.devices)} only: "
+                             "grade it with --device cpu")
+        return {"device": "cpu"}
+    ranks = max_ranks(lab)
+    per_grade = args.gpus_per_grade or ranks
+    if per_grade < ranks:
+        raise ValueError(f"--gpus-per-grade {per_grade}: {lab.info.slug}'s launches use up to "
+                         f"{ranks} ranks, one GPU each; ask for at least {ranks}")
+    return {"device": args.device, "gpus_per_grade": per_grade}
+
+
+def _batch_devices(args, lab) -> tuple[str, list[list[int]]]:
+    """(device, one GPU set per grade that may run at once) for `batch`."""
+    from .devices import gpu_sets, resolve_device
+    from .grade import max_ranks
+
+    gpus, ranks = args.gpus or [], max_ranks(lab)
+    per_grade = args.gpus_per_grade or ranks
+    if args.gpus_per_grade and args.device == "cpu":
+        raise ValueError("--gpus-per-grade gives each grade GPUs: add --device cuda (or auto)")
+    if per_grade < ranks and args.device == "cuda":
+        raise ValueError(f"--gpus-per-grade {per_grade}: {lab.info.slug}'s launches use up to "
+                         f"{ranks} ranks, one GPU each; ask for at least {ranks}")
+    device = resolve_device(args.device, gpus=min(len(gpus), per_grade), ranks=ranks)
+    if device == "cuda" and "cuda" not in lab.info.devices:
+        if args.device == "cuda":
+            raise ValueError(f"{lab.info.slug} runs on {', '.join(lab.info.devices)} only: "
+                             "grade it with --device cpu")
+        device = "cpu"
+    if device == "cpu":
+        return "cpu", []
+    return "cuda", gpu_sets(gpus, per_grade=per_grade, jobs=args.jobs)
 
 
 def _gradescope(args) -> int:
@@ -142,12 +211,17 @@ def parser() -> argparse.ArgumentParser:
                        "a report (and, with --json, write Gradescope's results.json).")
     g.add_argument("path", type=Path, help="a lab folder (your work in it is graded), a "
                    "submission folder, or the student file itself")
-    g.add_argument("--lab", help="lab slug or folder (needed unless PATH is a lab folder)")
+    g.add_argument("--lab", help="lab slug, looked up in this project's labs/ only (e.g. "
+                   "01_collectives), or a lab folder given as a path (./x, a/b, /abs)")
     g.add_argument("--json", type=Path, help="write results.json here")
     g.add_argument("--no-hidden", action="store_true", help="run the visible checks only")
-    g.add_argument("--timeout", type=float, help="wall-clock seconds for the whole grade "
-                   "(default 180)")
+    g.add_argument("--timeout", type=float, help="total budget of the whole grade, wall-clock "
+                   "seconds (default 180)")
     g.add_argument("--no-color", action="store_true", help="plain text report")
+    g.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="where the ranks run: cpu (default), cuda (one GPU per rank of the "
+                   "largest launch, from CUDA_VISIBLE_DEVICES), auto (cuda when there are "
+                   "enough GPUs)")
     g.set_defaults(run=_grade)
 
     b = sub.add_parser("batch", help="grade every submission in a folder (CSV summary)",
@@ -157,6 +231,11 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--lab", required=True, help="lab slug or folder")
     b.add_argument("--jobs", type=int, default=2, help="grades at once (default 2; each uses "
                    "up to 4 ranks)")
+    b.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="where each grade's ranks run (as for grade)")
+    b.add_argument("--gpus-per-grade", type=int, metavar="G",
+                   help="GPUs per grade with --device cuda (default: the lab's largest launch); "
+                   "grades at once get disjoint sets, never more grades than sets")
     b.add_argument("--out", type=Path, default=Path("graded"), help="output folder "
                    "(default ./graded)")
     b.add_argument("--slurm", type=_tasks, nargs="?", const="auto", metavar="TASKS",
@@ -188,10 +267,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _visible() -> list[int]:
+    from .devices import visible_gpus
+
+    try:
+        return visible_gpus()
+    except ValueError:
+        return []  # an unreadable CUDA_VISIBLE_DEVICES: no GPU (--device cuda then says so)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    # Grading is CPU-only by design (docs/grading.md): judges that run toolkit code on ranks
-    # (lab 04's pipeline) must pick gloo too, so hide GPUs before torch looks for them.
+    # The GPUs this process may hand out, counted before hiding them: judges that run toolkit
+    # code on ranks in this process (lab 04's pipeline) must pick gloo; a cuda grade's ranks
+    # get their set explicitly (autograder.devices).
+    args.gpus = _visible() if getattr(args, "device", "cpu") != "cpu" else []
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     try:
         return args.run(args)

@@ -9,15 +9,22 @@ tries the mistakes students make most, in order, so the report can say *which* o
 * right on rank 0 (or the root) only: a reduce, not an all-reduce;
 * the right chunks in the wrong order;
 and otherwise names the first element that differs.
+
+`unexplained_message` reads what the courier saw on the wire: every message of a collective
+built from point-to-point carries, for one chunk of the split, the sum of some ranks' inputs
+(a ring's partial sums, a tree's relayed root); a message that is no such sum (garbage of the
+right size, sent to look like the algorithm) is named.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
 import torch
 
-from .lab import Verdict
+from .lab import CaseResult, Verdict
+from .sandbox.channel import FrameError, make_tensor
 
 # Relative and absolute tolerances per dtype for sums of a few O(1) values in a different order
 # than the reference (float64): a few ulps for float32/64, the 8-bit mantissa of bfloat16.
@@ -116,4 +123,44 @@ def compare_outputs(outputs: Sequence, expected: Sequence[torch.Tensor], *, worl
                           f"{describe(got, want)}")
 
 
-__all__ = ["TOLERANCE", "chunk_permutation", "close", "compare_outputs", "describe"]
+__all__ = ["TOLERANCE", "chunk_permutation", "close", "compare_outputs", "describe",
+           "unexplained_message"]
+
+
+def _sums(flats: list[torch.Tensor], a: int, b: int,
+          sets) -> list[tuple[tuple[int, ...], torch.Tensor]]:
+    return [(s, sum(flats[i][a:b] for i in s)) for s in sets]
+
+
+def unexplained_message(r: CaseResult, bounds: Sequence[tuple[int, int]], *,
+                        sets: Sequence[Sequence[int]] | None = None,
+                        case: str = "") -> Verdict | None:
+    """A failed verdict for the first message (as the courier saw it) whose values are not,
+    for any chunk ``bounds[j]``, the sum of the inputs of one of `sets` of ranks (default:
+    every non-empty set); None when every message is explained. Messages whose bytes the
+    courier did not keep are skipped."""
+    p = r.world_size
+    flats = [x.reshape(-1).double() for x in r.inputs]
+    sets = sets or [s for k in range(1, p + 1) for s in itertools.combinations(range(p), k)]
+    rtol, atol = TOLERANCE.get(r.inputs[0].dtype, (0.0, 0.0))
+    for rank, traffic in enumerate(r.traffic):
+        for k, op in enumerate(traffic.sends):
+            if op.data is None or not op.nbytes:
+                continue
+            try:
+                got = make_tensor(op.dtype, list(op.shape), op.data).reshape(-1).double()
+            except FrameError:
+                continue
+            for a, b in bounds:
+                if b - a != got.numel():
+                    continue
+                if any(torch.allclose(got, want, rtol=rtol * 10, atol=atol * 10 * len(s))
+                       for s, want in _sums(flats, a, b, sets)):
+                    break
+            else:
+                where = f" ({case})" if case else ""
+                return Verdict(False, f"rank {rank}'s message {k + 1} (to rank {op.peer}, "
+                                      f"{got.numel():,} values) carried values that are no sum "
+                                      f"of the ranks' inputs over one chunk{where}: every message "
+                                      "must carry real data (a chunk, or a partial sum of it)")
+    return None

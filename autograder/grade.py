@@ -1,55 +1,39 @@
-"""Grade one submission of one lab: run its checks in the sandbox, judge them here.
+"""Grade one submission of one lab: plan its cases, run them in the sandbox, judge them here.
 
     lab = load_lab(find_lab("01_collectives"))
     result = grade(lab, Path("submission/"))
     result.score, result.max_score; write_results(result, Path("results.json"))
 
 Order of events: find the student files (missing → every check zero); parse them here
-(`compile`, which runs nothing: a syntax error is reported with its line without starting
-anything); run every check's cases in one sandboxed run (`autograder.runner`); then, in this
-process, decode each rank's outputs and ask each check's judge. Integrity comes first: a case
-whose ranks changed torch.distributed's functions, loaded a forbidden module, used a built-in
-collective, or wrote far more bytes than their recorded messages fails whatever its values; a
-results.json written by the submission zeroes the grade.
+(`compile` runs nothing: a syntax error is reported with its line without starting anything);
+draw the grade's secret and make every case's inputs from it (`plan`: a case's seed is derived
+from the secret, so no rank can rebuild another's inputs); run every launch in the sandbox
+(`autograder.sandbox.session`), where the courier hands each rank its own inputs and records
+what it sends; then judge each case in this process (`autograder.judging`). A results.json
+left in a rank's folder zeroes the grade.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
+import os
+import secrets
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .failures import classify
-from .lab import CaseResult, Check, Lab, Verdict, decode
-from .runner import RunResult, prepare_workdir, remove_workdir, run_sandboxed
+from .judging import CheckResult, PlannedCase, judge_run
+from .lab import Lab
+from .protocol import CaseKey, GroupKey
+from .sandbox.files import remove
 from .sandbox.limits import Limits
+from .sandbox.plan import CasePlan, Job, LaunchPlan
+from .sandbox.scratch import unmount_below
+from .sandbox.session import run_session
 
-UNRECORDED_SLACK_BYTES = 512
-UNRECORDED_PER_MESSAGE = 128
-"""Bytes a rank may write beyond its recorded messages and prints in one case: a constant plus
-this much per recorded message (and 1 % of the bytes sent). Measured over every case of lab 01's
-reference (torch 2.13, gloo over TCP): exactly 96 bytes per send and 48 per receive, nothing
-else. A built-in all_reduce of 8 floats called through the wrapper's ``__wrapped__`` (no
-recorded message) writes 600+ bytes, so even the smallest hidden collective shows."""
-UNRECORDED_PER_COLLECTIVE = 1024
-"""Per allowed collective call and rank of the group: gloo's headers and algorithm rounds, on
-top of twice p times its recorded payload (labs that allow collectives)."""
-
-
-@dataclass
-class CheckResult:
-    check: Check
-    score: float
-    passed: int
-    total: int
-    kind: str | None = None
-    """The failure kind (autograder.failures.KINDS) when the check failed for a named reason."""
-    message: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.passed == self.total
+HARNESS = "_lab_harness.py"
 
 
 @dataclass
@@ -111,140 +95,65 @@ def _defined_names(source: bytes) -> set[str]:
     return names
 
 
-def _cases(ci: int, check: Check) -> list[dict]:
-    """Check number `ci`'s cases as the sandbox runs them: with ids unique in the lab."""
-    return [dict(case, id=f"c{ci}-{k}", call=check.call) for k, case in enumerate(check.cases)]
+def max_ranks(lab: Lab) -> int:
+    """The most ranks any launch of `lab` starts (a cuda grade needs one GPU each)."""
+    return max((int(c["world_size"]) for check in lab.checks for c in check.cases), default=1)
 
 
-def build_job(lab: Lab) -> dict:
-    """The sandbox's job: one group per (check, world size), with globally unique case ids."""
-    groups = []
+def case_seed(secret: int, key: CaseKey, seed: int) -> int:
+    """The seed case `key` runs with in a grade whose secret is `secret` (40 bits; the lab's
+    own seed is mixed in so that two cases of a check never share inputs)."""
+    digest = hashlib.blake2b(f"{secret}:{key.check}:{key.index}:{seed}".encode(), digest_size=5)
+    return int.from_bytes(digest.digest(), "little")
+
+
+def plan(lab: Lab, secret: int) -> tuple[list[LaunchPlan], dict[CaseKey, PlannedCase]]:
+    """One launch per (check, world size), each case with its inputs made from `secret`; and
+    every case as the judges will see it."""
+    launches, cases = [], {}
     for ci, check in enumerate(lab.checks):
-        by_size: dict[int, list[dict]] = {}
-        for case in _cases(ci, check):
-            by_size.setdefault(case["world_size"], []).append(case)
-        for ws, cases in sorted(by_size.items()):
-            groups.append({"id": f"c{ci}-p{ws}", "check": f"c{ci}", "world_size": ws,
-                           "timeout": check.timeout, "cases": cases})
-    return {"lab": lab.info.slug, "module": lab.module,
-            "forbidden_imports": list(lab.info.forbidden_imports),
-            "sandbox_modules": list(lab.info.sandbox_modules), "groups": groups}
+        by_size: dict[int, list[CasePlan]] = {}
+        for k, case in enumerate(check.cases):
+            key = CaseKey(ci, k)
+            full = dict(case, seed=case_seed(secret, key, int(case.get("seed", 0))))
+            ws = case["world_size"]
+            inputs = list(lab.harness.make_inputs(full, ws))
+            cases[key] = PlannedCase(full, inputs)
+            public = {name: v for name, v in case.items() if name != "seed"}
+            by_size.setdefault(ws, []).append(CasePlan(k, check.call, public, inputs))
+        for ws, planned in sorted(by_size.items()):
+            launches.append(LaunchPlan(GroupKey(ci, ws), check.timeout, planned))
+    return launches, cases
 
 
-def _integrity(traffic: list[dict], allowed: tuple[str, ...] = ()) -> tuple[str, str] | None:
-    """A reason to fail the case whatever its values, or None. `allowed`: built-in collectives
-    the lab permits; their wire traffic is not recorded byte for byte (gloo's algorithms move
-    up to about p times the bytes passed in), so it widens the unrecorded-bytes allowance."""
-    p = len(traffic)
-    for rank, t in enumerate(traffic):
-        if t.get("tampered"):
-            return "tampering", (f"Rank {rank} replaced {', '.join(t['tampered'][:3])}: "
-                                 "torch.distributed and the grader's recorder must stay as they "
-                                 "are, so that the recorder sees and counts every message.")
-        if t.get("forbidden_loaded"):
-            return "forbidden_import", f"Rank {rank} used {', '.join(t['forbidden_loaded'])}."
-        banned = [op for op in t.get("builtin_ops") or [] if op not in allowed]
-        if banned:
-            may = (f" (this lab allows {', '.join(allowed)})" if allowed else
-                   ": this lab asks you to build it from send/recv (or isend/irecv) only")
-            return "builtin_collective", (f"Rank {rank} called torch's built-in "
-                                          f"{', '.join(banned)}{may}.")
-        unrecorded = (t.get("wchar", 0) - t.get("printed", 0) - t.get("bytes_sent", 0)
-                      - 2 * p * t.get("collective_bytes", 0))
-        messages = t.get("messages_sent", 0) + t.get("messages_received", 0)
-        collectives = sum(n for op, n in (t.get("calls") or {}).items() if op in allowed)
-        if unrecorded > (UNRECORDED_SLACK_BYTES + UNRECORDED_PER_MESSAGE * messages
-                         + UNRECORDED_PER_COLLECTIVE * p * collectives
-                         + t.get("bytes_sent", 0) // 100):
-            return "tampering", (
-                f"Rank {rank} wrote {unrecorded:,} bytes that no recorded message accounts "
-                "for (communication hidden from the recorder, or files used to share data).")
-    return None
-
-
-def _judge_group(ci: int, check: Check, lab: Lab, record: dict,
-                 world_size: int) -> list[Verdict | tuple[str, str]]:
-    """Verdicts for the cases of `check` at `world_size` (the ones this group's record ran)."""
-    ranks = record.get("ranks")
-    if not isinstance(ranks, list) or not ranks:
-        return [("exception", "The ranks returned no observations.")]
-    by_case: dict[str, list[dict]] = {}
-    for rank_obs in ranks:
-        for obs in rank_obs if isinstance(rank_obs, list) else []:
-            if isinstance(obs, dict):
-                by_case.setdefault(str(obs.get("case")), []).append(obs)
-    out = []
-    for case in (c for c in _cases(ci, check) if c["world_size"] == world_size):
-        obs = sorted(by_case.get(case["id"], []), key=lambda o: o.get("rank", 0))
-        ws = case["world_size"]
-        if len(obs) != ws:
-            out.append(("exception", f"case {case['id']}: {len(obs)} of {ws} ranks reported"))
-            continue
-        traffic = [{k: v for k, v in o.items() if k not in ("output", "case")} for o in obs]
-        bad = _integrity(traffic, lab.info.allowed_collectives)
-        if bad:
-            out.append(bad)
-            continue
-        params = {k: v for k, v in case.items() if k not in ("id", "call")}
-        result = CaseResult(params, ws, lab.harness.make_inputs(params, ws),
-                            [decode(o.get("output")) for o in obs], traffic)
-        try:
-            out.append(check.judge(result))
-        except Exception as err:  # a judge must not crash a grade on strange outputs
-            out.append(Verdict(False, f"the output could not be checked ({type(err).__name__}: "
-                                      f"{err}); does it return the right type and shape?"))
-    return out
-
-
-def _score(check: Check, verdicts: list, group_kind: tuple[str, str] | None) -> CheckResult:
-    passed = sum(1 for v in verdicts if isinstance(v, Verdict) and v.passed)
-    total = len(check.cases)
-    failed = [v for v in verdicts if not (isinstance(v, Verdict) and v.passed)]
-    kind, message = (None, "")
-    if group_kind:
-        kind, message = group_kind
-    elif failed:
-        first = failed[0]
-        kind, message = (first if isinstance(first, tuple) else ("wrong_result", first.message))
-    score = round(check.points * passed / total, 2) if total else 0.0
-    return CheckResult(check, score, passed, total, kind if passed < total else None, message)
-
-
-def judge_run(lab: Lab, run: RunResult) -> list[CheckResult]:
-    results = []
-    for ci, check in enumerate(lab.checks):
-        verdicts: list = []
-        group_kind = None
-        sizes = sorted({c["world_size"] for c in check.cases})
-        for ws in sizes:
-            n_cases = sum(1 for c in check.cases if c["world_size"] == ws)
-            record = run.records.get(f"c{ci}-p{ws}")
-            if record is None:
-                kind = run.limit or ("crash" if run.exit_code else "skipped")
-                detail = run.limit_detail or (
-                    "The sandbox stopped before this check ran." + (
-                        f" It printed: {run.output.strip()[-300:]}" if run.output.strip() else ""))
-                group_kind = group_kind or (kind, detail)
-                verdicts += [(kind, detail)] * n_cases
-            elif record.get("status") == "ok":
-                verdicts += _judge_group(ci, check, lab, record, ws)
-            else:
-                log = run.log_tail.get(f"c{ci}-p{ws}", "").strip()
-                kind = classify(record, lab.module, log)
-                if kind[0] == "exception" and log:
-                    kind = (kind[0], kind[1] + f"\nWhat the ranks printed last:\n{log[-800:]}")
-                group_kind = group_kind or (kind[0], f"[{ws} ranks] {kind[1]}")
-                verdicts += [kind] * n_cases
-        printed = sum(run.log_bytes.get(f"c{ci}-p{ws}", 0) for ws in sizes)
-        if run.limit == "output_limit" and printed and not group_kind:
-            group_kind = ("output_limit", run.limit_detail)
-        results.append(_score(check, verdicts, group_kind))
-    return results
+def prepare_workdir(files: dict[str, bytes], base: Path | None = None) -> tuple[Path, Path]:
+    """A fresh private folder for one grade, with the code the ranks read in ``code/``."""
+    workdir = Path(tempfile.mkdtemp(prefix="grade-", dir=base))
+    os.chmod(workdir, 0o711)
+    code = workdir / "code"
+    code.mkdir(mode=0o755)
+    for name, content in files.items():
+        (code / name).write_bytes(content)
+        os.chmod(code / name, 0o644)
+    return workdir, code
 
 
 def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock: bool = True,
-          workbase: Path | None = None) -> GradeResult:
-    """Grade `submission` (a folder or a single file) against every check of `lab`."""
+          workbase: Path | None = None, secret: int | None = None, device: str = "cpu",
+          gpus: list[int] | None = None) -> GradeResult:
+    """Grade `submission` (a folder or a single file) against every check of `lab`. `secret`
+    fixes the grade's inputs (tests); by default it is drawn fresh for every grade. `device`
+    "cuda" runs rank r on GPU r of `gpus` (one per rank of the largest launch;
+    `autograder.devices`); values are judged on CPU copies either way."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"grade: device must be 'cpu' or 'cuda' (resolve 'auto' with "
+                         f"autograder.devices.resolve_device), got {device!r}")
+    if device not in lab.info.devices:
+        raise ValueError(f"{lab.info.slug} runs on {', '.join(lab.info.devices)} only, not "
+                         f"{device}: grade it with --device cpu")
+    if device == "cuda" and len(gpus or []) < max_ranks(lab):
+        raise ValueError(f"grade: a cuda grade of {lab.info.slug} needs {max_ranks(lab)} GPUs "
+                         f"(one per rank), got {gpus!r}")
     start = time.monotonic()
     submission = Path(submission)
     result = GradeResult(lab, str(submission))
@@ -255,6 +164,9 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
         result.seconds = time.monotonic() - start
         return result
 
+    if not lab.hidden_loaded:
+        result.notes.append("Hidden checks were not run (this lab folder has none, e.g. a "
+                            "student edition): the score counts the visible checks only.")
     if missing:
         return zero_all("missing_file", f"The submission has no {', '.join(missing)} "
                                         f"(looked in {submission}).")
@@ -266,24 +178,41 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
     if absent:
         result.notes.append(f"Not defined at the top level of {lab.info.student_files[0]}: "
                             f"{', '.join(absent)} (the checks that call them will fail).")
-    workdir = prepare_workdir({**files, "_lab_harness.py": (lab.path / "harness.py").read_bytes()},
-                              workbase)
+    launches, cases = plan(lab, secrets.randbits(64) if secret is None else secret)
+    workdir, code = prepare_workdir({**files, HARNESS: (lab.path / "harness.py").read_bytes()},
+                                    workbase)
+    job = Job(module=lab.module, code=code, allowed=lab.info.allowed_ops,
+              refusal=lab.info.refusal(), forbidden=list(lab.info.forbidden_imports),
+              toolkit=list(lab.info.sandbox_modules), landlock=landlock,
+              sources={n: b.decode("utf-8", "replace") for n, b in files.items()},
+              device=device, gpus=",".join(str(g) for g in gpus or []) if device == "cuda"
+              else "")
     try:
-        run = run_sandboxed(workdir, build_job(lab), limits or Limits(), landlock=landlock)
+        run = run_session(job, launches, limits or Limits(), workdir)
     finally:
-        remove_workdir(workdir)
+        unmount_below(workdir)  # a launch's tmpfs, should a failure have skipped its cleanup
+        remove(workdir)
     result.sandbox = run.sandbox
-    result.checks = judge_run(lab, run)
-    if run.forged:
+    if run.missing:
+        result.notes.append(f"This grade ran without: {'; '.join(run.missing)}. The checks "
+                            "ran, but the sandbox was weaker than designed (docs/grading.md).")
+    result.checks = judge_run(lab, run.records, cases)
+    forged = sorted({f for r in run.records.values() for f in r.forged})
+    if forged:
         for c in result.checks:
             c.score, c.passed, c.kind = 0.0, 0, "forged_results"
             c.message = ("The submission wrote its own results.json "
-                         f"({', '.join(run.forged)}); the grade is zero. The grader writes "
+                         f"({', '.join(forged)}); the grade is zero. The grader writes "
                          "results.json itself.")
-    if run.limit:
-        result.notes.append(f"The run was stopped: {run.limit} ({run.limit_detail}).")
+    hit = [(r.key, r.failure.kind) for r in run.records.values()
+           if r.failure is not None and r.failure.kind.endswith("_limit")]
+    for key, kind in hit:
+        result.notes.append(f"{lab.checks[key.check].name} [{key.world_size} ranks] hit "
+                            f"{kind}; the other checks ran on fresh ranks (total budget "
+                            f"{(limits or Limits()).wall_s:g} s).")
     result.seconds = time.monotonic() - start
     return result
 
 
-__all__ = ["CheckResult", "GradeResult", "build_job", "grade", "judge_run"]
+__all__ = ["CheckResult", "GradeResult", "case_seed", "grade", "max_ranks", "plan",
+           "prepare_workdir"]

@@ -5,33 +5,32 @@ A lab folder (``labs/NN_slug/``) holds:
 * ``README.md``: the assignment;
 * the student file(s) (``LAB.student_files``), written once with solution regions
   (``### BEGIN SOLUTION`` … ``### END SOLUTION``) that `autograder release` replaces with stubs;
-* ``harness.py``: the calls the ranks make (``CALLS[name](student_module, rank, world_size,
-  case) -> output``) and how inputs are made (`make_inputs`); copied into the sandbox and also
-  imported here, so inputs and expected values come from one function;
+* ``harness.py``: how inputs are made (``make_inputs(case, world_size)``, one entry per rank,
+  run here in the grader with the case's seed drawn from a per-grade secret) and the calls the
+  ranks make (``CALLS[name](student_module, call) -> output``, where `call` is an
+  `autograder.sandbox.probe.Call`: rank, world size, the case's public parameters and this
+  rank's inputs alone); copied into the sandbox for the calls;
 * ``checks.py``: ``LAB`` (a `LabInfo`) and ``CHECKS`` (the visible `Check` list);
 * ``hidden/checks.py`` (instructors only; `release` leaves it out): more ``CHECKS``;
 * a playground notebook.
 
 A `Check` is decided in the grader process by its ``judge``, a function of a `CaseResult`
-returning `Verdict`; its cases run on real ranks in the sandbox, grouped by world size.
+returning `Verdict`; its cases run on real ranks in the sandbox, grouped by world size. A
+case's traffic (`autograder.protocol.RankTraffic`) is what the grader's courier saw, never what
+a rank says.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-import torch
-
-
-@dataclass(frozen=True)
-class Verdict:
-    passed: bool
-    message: str = ""
+from .protocol import RankTraffic, Verdict, canonical_op
+from .sandbox.rank import load_module
+from .sandbox.reduce import COLLECTIVES
 
 
 @dataclass
@@ -39,15 +38,15 @@ class CaseResult:
     """One case as the judge sees it: parameters, inputs, and what each rank did."""
 
     case: dict
+    """The case's parameters, with the seed the grader drew for it from the grade's secret."""
     world_size: int
     inputs: list[Any]
-    """Per rank, the inputs the harness built (`harness.make_inputs`)."""
+    """Per rank, the inputs the grader made and sent to it (`harness.make_inputs`)."""
     outputs: list[Any]
     """Per rank, the decoded output (tensors are real tensors again)."""
-    traffic: list[dict]
-    """Per rank: bytes_sent, bytes_received, messages_sent, messages_received (point-to-point),
-    builtin_ops, calls (op name → count), collective_bytes, wchar, printed, tampered,
-    forbidden_loaded."""
+    traffic: list[RankTraffic]
+    """Per rank, what the courier saw it send and receive during the case: messages (with
+    their bytes), collectives, and the harness's marks and sections."""
 
 
 @dataclass(frozen=True)
@@ -89,11 +88,35 @@ class LabInfo:
     """Modules the ranks refuse to import (e.g. the toolkit's own solution)."""
     allowed_collectives: tuple[str, ...] = ()
     """torch.distributed collectives the student's code may call (e.g. ``"all_reduce"`` in a
-    DDP lab); any other built-in collective fails the case (kind builtin_collective)."""
+    DDP lab; an alias counts as its operation: ``all_gather_into_tensor`` allows
+    ``all_gather_single`` and the reverse); any other is refused by the courier and fails the
+    case (kind builtin_collective)."""
     sandbox_modules: tuple[str, ...] = ()
     """`toolkit` modules the ranks may read besides the launcher and recorder, e.g.
     ``("models",)`` for a harness that builds the tiny models in each rank. Never the module
     that holds the lab's answer."""
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    """Where its ranks may run (``grade --device``): "cuda" gives each rank one GPU; a lab
+    whose ranks hold no tensors worth a GPU says ``("cpu",)``."""
+
+    def __post_init__(self) -> None:
+        unknown = [n for n in self.allowed_collectives if canonical_op(n) not in COLLECTIVES]
+        if unknown:
+            raise ValueError(f"LabInfo({self.slug!r}).allowed_collectives: the grader's courier "
+                             f"cannot run {unknown}; it runs {sorted(COLLECTIVES)}")
+
+    @property
+    def allowed_ops(self) -> frozenset[str]:
+        """The process-group operations the courier runs for this lab."""
+        return frozenset(canonical_op(n) for n in self.allowed_collectives)
+
+    def refusal(self) -> str:
+        """What a refused collective is told (``{op}`` is its name)."""
+        if not self.allowed_collectives:
+            return ("torch's built-in {op} is not allowed in this lab: build it from send/recv "
+                    "(or isend/irecv) only")
+        return (f"torch's built-in {{op}} is not allowed in this lab (it allows "
+                f"{', '.join(self.allowed_collectives)})")
 
 
 @dataclass
@@ -113,20 +136,20 @@ class Lab:
         return sum(c.points for c in self.checks)
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def _is_path(name: str) -> bool:
+    return name.startswith((".", "~")) or "/" in name or "\\" in name
 
 
 def find_lab(name_or_path: str | Path, labs_root: Path | None = None) -> Path:
-    """A lab folder from a path or a slug such as ``01_collectives`` (looked up in labs/)."""
-    path = Path(name_or_path)
-    if (path / "checks.py").is_file():
-        return path.resolve()
+    """A lab folder: a slug such as ``01_collectives`` (or ``collectives``) is looked up in the
+    labs root only, never in the current folder (a student copy named like the lab there has
+    no hidden checks); a path (``./x``, ``a/b``, absolute, or a `Path`) is taken as given."""
     root = labs_root or Path(__file__).resolve().parent.parent / "labs"
+    if isinstance(name_or_path, Path) or _is_path(str(name_or_path)):
+        path = Path(name_or_path).expanduser()
+        if (path / "checks.py").is_file():
+            return path.resolve()
+        raise ValueError(f"{path} is not a lab folder (no checks.py in it)")
     matches = sorted(p for p in root.glob("*/checks.py")
                      if p.parent.name in (str(name_or_path), f"{name_or_path}")
                      or p.parent.name.endswith(f"_{name_or_path}"))
@@ -141,43 +164,16 @@ def load_lab(path: Path, *, hidden: bool = True) -> Lab:
     """Import a lab's harness and checks (and hidden checks, where present and wanted)."""
     path = Path(path).resolve()
     tag = f"_autograder_lab_{path.name}"
-    harness = _load(path / "harness.py", f"{tag}_harness")
+    harness = load_module(path / "harness.py", f"{tag}_harness")
     sys.modules["_lab_harness"] = harness  # checks.py imports it by this name, as ranks do
-    checks_mod = _load(path / "checks.py", f"{tag}_checks")
+    checks_mod = load_module(path / "checks.py", f"{tag}_checks")
     checks = list(checks_mod.CHECKS)
     hidden_path = path / "hidden" / "checks.py"
     hidden_loaded = hidden and hidden_path.is_file()
     if hidden_loaded:
-        hidden_checks = list(_load(hidden_path, f"{tag}_hidden").CHECKS)
+        hidden_checks = list(load_module(hidden_path, f"{tag}_hidden").CHECKS)
         checks += [Check(**{**c.__dict__, "visible": False}) for c in hidden_checks]
     return Lab(checks_mod.LAB, path, checks, harness, hidden_loaded)
 
 
-def decode(value: Any) -> Any:
-    """The inverse of `autograder.sandbox.harness.encode`, on JSON from the sandbox: tensors
-    are rebuilt from dtype, shape and raw bytes (never unpickled)."""
-    import base64
-
-    if isinstance(value, dict):
-        if value.get("__tensor__"):
-            dtype = getattr(torch, str(value.get("dtype")), None)
-            if not isinstance(dtype, torch.dtype):
-                return None
-            raw = value.get("data")
-            raw = base64.b64decode(raw["__b64__"]) if isinstance(raw, dict) else b""
-            shape = [int(s) for s in value.get("shape", [])]
-            flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else \
-                torch.empty(0, dtype=torch.uint8)
-            try:
-                return flat.view(dtype).reshape(shape).clone()
-            except RuntimeError:
-                return None
-        if "__unsupported__" in value:
-            return value
-        return {k: decode(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [decode(v) for v in value]
-    return value
-
-
-__all__ = ["CaseResult", "Check", "Lab", "LabInfo", "Verdict", "decode", "find_lab", "load_lab"]
+__all__ = ["CaseResult", "Check", "Lab", "LabInfo", "Verdict", "find_lab", "load_lab"]

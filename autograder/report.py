@@ -8,6 +8,8 @@ Output format"): top-level ``score``, ``execution_time`` (seconds), ``output``, 
 goes in each test's ``tags`` and ``extra_data``, so instructors can filter and count them.
 
 Writing is atomic (temporary file + rename): a crash while writing never leaves half a file.
+Every message may quote a rank (its exception, its output): both forms pass it through
+`autograder.sanitize.printable`, so no escape sequence reaches a terminal or a browser raw.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from .failures import KINDS
 from .grade import GradeResult
+from .sanitize import printable
 
 REQUIRED_TOP = {"score": (int, float), "execution_time": (int, float), "output": str,
                 "tests": list}
@@ -31,7 +34,7 @@ def _test_output(c) -> str:
     lines = [c.check.about] if c.check.about else []
     lines.append(f"{c.passed} of {c.total} cases passed.")
     if c.kind and c.message:
-        lines.append(f"[{c.kind}] {c.message}")
+        lines.append(f"[{c.kind}] {printable(c.message)}")
     return "\n".join(lines)
 
 
@@ -47,7 +50,7 @@ def to_results_json(result: GradeResult) -> dict:
             test["extra_data"] = {"kind": c.kind}
         tests.append(test)
     summary = [f"{result.lab.info.title}: {result.score:g} / {result.max_score:g} points."]
-    summary += result.notes
+    summary += [printable(n) for n in result.notes]
     return {"score": result.score, "execution_time": round(result.seconds, 1),
             "output": "\n".join(summary), "visibility": "visible",
             "stdout_visibility": "hidden", "tests": tests,
@@ -68,8 +71,8 @@ def validate_results(data: dict) -> list[str]:
             problems.append(f"tests[{i}].status is {test.get('status')!r}")
         if test.get("visibility") not in VISIBILITIES:
             problems.append(f"tests[{i}].visibility is {test.get('visibility')!r}")
-        if (isinstance(test.get("score"), (int, float))
-                and isinstance(test.get("max_score"), (int, float))):
+        if isinstance(test.get("score"), (int, float)) and \
+                isinstance(test.get("max_score"), (int, float)):
             if not 0 <= test["score"] <= test["max_score"]:
                 problems.append(f"tests[{i}].score {test['score']} outside 0..{test['max_score']}")
     if isinstance(data.get("score"), (int, float)) and data.get("tests"):
@@ -106,9 +109,9 @@ def to_text(result: GradeResult, *, color: bool = False) -> str:
         if not c.ok and c.message:
             why = KINDS.get(c.kind or "", "")
             lines.append(f"        {c.kind}{': ' + why if why else ''}")
-            lines += [f"        {line}" for line in c.message.splitlines()]
+            lines += [f"        {line}" for line in printable(c.message).splitlines()]
     if result.notes:
-        lines += [""] + [f"Note: {n}" for n in result.notes]
+        lines += [""] + [f"Note: {printable(n)}" for n in result.notes]
     return "\n".join(lines)
 
 

@@ -43,9 +43,22 @@ def split(submissions: list[Path], tasks: int) -> list[list[Path]]:
     return [submissions[i::n] for i in range(n)]
 
 
-def job_script(*, out: Path, lab_dir: Path, tasks: int, jobs: int) -> str:
-    """The sbatch array script: task I runs `autograder batch` on part I."""
+def job_script(*, out: Path, lab_dir: Path, tasks: int, jobs: int, device: str = "cpu",
+               gpus_per_grade: int | None = None) -> str:
+    """The sbatch array script: task I runs `autograder batch` on part I. With `device` "cuda"
+    or "auto" each task asks SLURM for `jobs` × `gpus_per_grade` GPUs on its node (--gres), and
+    its batch command gets the same --device and --gpus-per-grade (the GPUs are only known on
+    the compute node, so the node's own grader resolves them)."""
     q = shlex.quote
+    if device not in ("cpu", "cuda", "auto"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}")
+    gpu = device != "cpu"
+    if gpu and (isinstance(gpus_per_grade, bool) or not isinstance(gpus_per_grade, int)
+                or gpus_per_grade < 1):
+        raise ValueError(f"gpus_per_grade must be an int >= 1 with device {device!r}, got "
+                         f"{gpus_per_grade!r}")
+    gres = [f"#SBATCH --gres=gpu:{jobs * gpus_per_grade}"] if gpu else []
+    flags = f" --device {device} --gpus-per-grade {gpus_per_grade}" if gpu else ""
     part = f"{out}/slurm/parts/$SLURM_ARRAY_TASK_ID"
     result = f"{out}/slurm/results/$SLURM_ARRAY_TASK_ID"
     return "\n".join([
@@ -53,13 +66,14 @@ def job_script(*, out: Path, lab_dir: Path, tasks: int, jobs: int) -> str:
         f"#SBATCH --job-name=grade-{lab_dir.name}",
         f"#SBATCH --array=0-{tasks - 1}",
         "#SBATCH --ntasks=1",
+        *gres,
         f"#SBATCH --output={out}/slurm/task-%a.out",
         "# Written by `autograder batch --slurm` (autograder/slurm.py): task I grades the",
         "# submissions linked in parts/I with the ordinary batch command; the command that",
         "# submitted this gathers every part into summary.csv once all tasks have ended.",
         f"cd {q(str(ROOT))}",
         f'exec {q(sys.executable)} -m autograder batch "{part}" --lab {q(str(lab_dir))} '
-        f'--jobs {jobs} --out "{result}"',
+        f'--jobs {jobs}{flags} --out "{result}"',
         "",
     ])
 
@@ -102,6 +116,7 @@ def gather(out: Path, parts: list[list[Path]], *, max_score: float) -> list[dict
 
 def run_slurm_batch(folder: Path, lab_dir: Path, out: Path, *, tasks: int | None = None,
                     jobs: int = 1, max_score: float, sbatch_args: str = "",
+                    device: str = "cpu", gpus_per_grade: int | None = None,
                     stream=sys.stderr) -> list[dict]:
     """Split, submit one job array, wait for it, gather (module docstring)."""
     if shutil.which("sbatch") is None:
@@ -119,7 +134,7 @@ def run_slurm_batch(folder: Path, lab_dir: Path, out: Path, *, tasks: int | None
             (work / "parts" / str(i) / sub.name).symlink_to(sub.resolve())
     script = work / "grade.sbatch"
     script.write_text(job_script(out=out, lab_dir=Path(lab_dir).resolve(), tasks=len(parts),
-                                 jobs=jobs))
+                                 jobs=jobs, device=device, gpus_per_grade=gpus_per_grade))
     cmd = ["sbatch", "--wait", "--parsable", *shlex.split(sbatch_args), str(script)]
     stream.write(f"submitting {len(parts)} array task(s) for {sum(map(len, parts))} "
                  f"submissions: {shlex.join(cmd)}\n")

@@ -130,27 +130,41 @@ def test_results_validation_catches_bad_fields():
 
 @pytest.mark.skipif(landlock.abi_version() < 1, reason="this kernel has no Landlock")
 def test_landlock_confines_reads_and_writes(tmp_path):
-    secret, inside = tmp_path / "secret.txt", tmp_path / "box"
+    """A rank's rules: it reads its code folder and writes its own folder (plain files only)
+    and /dev/null; not a file beside them, not the lab, not /dev/shm, not a device node, not
+    /etc/shadow; no symbolic link or FIFO, even in its own folder."""
+    secret, code, home = tmp_path / "secret.txt", tmp_path / "code", tmp_path / "home"
     secret.write_text("answer")
-    inside.mkdir()
-    code = f"""
-import sys
-from autograder.sandbox import landlock
-from autograder.sandbox.limits import sandbox_paths
+    code.mkdir()
+    (code / "mine.py").write_text("x = 1")
+    home.mkdir()
+    script = f"""
+import os
 from pathlib import Path
-read, write, listing = sandbox_paths(Path({str(inside)!r}))
-landlock.restrict(read, write, listing)
-for action in (lambda: open({str(secret)!r}).read(),
-               lambda: open({str(tmp_path / 'forged.json')!r}, 'w'),
-               lambda: open({str(LAB_DIR / 'collectives.py')!r}).read()):
+from autograder.sandbox import landlock
+from autograder.sandbox.paths import rank_paths
+read, write, listing = rank_paths(Path({str(code)!r}), Path({str(home)!r}))
+landlock.restrict(read, write, listing, write_rights=landlock.WRITE_PLAIN, tcp=False)
+actions = [lambda: open({str(secret)!r}).read(),
+           lambda: open({str(tmp_path / 'forged.json')!r}, 'w'),
+           lambda: open({str(LAB_DIR / 'collectives.py')!r}).read(),
+           lambda: open('/dev/shm/grade-probe', 'w'), lambda: open('/dev/tty0', 'w'),
+           lambda: open('/etc/shadow').read(),
+           lambda: os.symlink('/etc/passwd', {str(home / 'link')!r}),
+           lambda: os.mkfifo({str(home / 'fifo')!r})]
+for action in actions:
     try:
         action(); print("allowed")
-    except PermissionError:
+    except (PermissionError, FileNotFoundError):
         print("denied")
-open({str(inside / 'ok.txt')!r}, "w").write("fine"); print("inside ok")
+open({str(home / 'ok.txt')!r}, "w").write("fine")
+open('/dev/null', 'w').write('x')
+print(open({str(code / 'mine.py')!r}).read().replace(' ', ''))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["denied", "denied", "denied", "inside", "ok"], out.stderr
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["denied"] * 8 + ["x=1"], out.stderr
+    assert (home / "ok.txt").read_text() == "fine"
+    assert not (home / "link").exists() and not (home / "fifo").exists()
 
 
 def test_cli_reports_bad_arguments_with_exit_status_2(tmp_path, capsys):
@@ -232,9 +246,9 @@ from toolkit.models import TinyMLP
 def make_inputs(case, world_size):
     return [torch.full((4,), float(r)) for r in range(world_size)]
 
-def _call(student, rank, world_size, case):
+def _call(student, call):
     TinyMLP(seed=0)  # readable only because LabInfo.sandbox_modules names "models"
-    t = torch.full((4,), float(rank))
+    t = call.inputs
     student.total(t)
     return t
 
@@ -251,7 +265,7 @@ LAB = LabInfo(slug="tiny", title="tiny", student_files=("mine.py",), names=("tot
 def judge(r):
     want = sum(r.inputs)
     ok = all(torch.equal(o, want) for o in r.outputs)
-    calls = r.traffic[0]["calls"]
+    calls = r.traffic[0].calls
     return Verdict(ok and calls == {"all_reduce": 1}, f"calls {calls}")
 
 CHECKS = [Check("total", 1, "total", ({"world_size": 2},), judge)]

@@ -31,6 +31,35 @@ def test_job_script_runs_the_ordinary_batch_command_per_array_task(tmp_path):
     assert f'"{tmp_path}/graded/slurm/parts/$SLURM_ARRAY_TASK_ID"' in run
 
 
+def test_job_script_asks_for_gpus_and_passes_the_device_on(tmp_path):
+    text = slurm.job_script(out=tmp_path / "g", lab_dir=Path("/labs/02_ddp"), tasks=2, jobs=2,
+                            device="cuda", gpus_per_grade=4)
+    assert "#SBATCH --gres=gpu:8" in text  # two grades at once, four GPUs each, per task
+    assert "--jobs 2 --device cuda --gpus-per-grade 4 --out" in text.strip().splitlines()[-1]
+    cpu = slurm.job_script(out=tmp_path / "g", lab_dir=Path("/labs/02_ddp"), tasks=2, jobs=2)
+    assert "--gres" not in cpu and "--device" not in cpu
+    with pytest.raises(ValueError, match="gpus_per_grade must be an int >= 1"):
+        slurm.job_script(out=tmp_path, lab_dir=Path("/l"), tasks=1, jobs=1, device="cuda")
+    with pytest.raises(ValueError, match="device must be"):
+        slurm.job_script(out=tmp_path, lab_dir=Path("/l"), tasks=1, jobs=1, device="gpu")
+
+
+def test_cli_checks_slurm_devices_against_the_lab(tmp_path, capsys, monkeypatch):
+    """The login node needs no GPU; the lab's devices and the GPUs per grade are checked there."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "a.py").write_text("")
+    base = ["batch", str(subs), "--out", str(tmp_path / "g"), "--slurm"]
+    assert main(base + ["--lab", "04_pipeline_schedule", "--device", "cuda"]) == 2
+    assert "grade it with --device cpu" in capsys.readouterr().err
+    assert main(base + ["--lab", "02_ddp", "--device", "cuda", "--gpus-per-grade", "1"]) == 2
+    assert "ask for at least" in capsys.readouterr().err
+    assert main(base + ["--lab", "02_ddp", "--gpus-per-grade", "2"]) == 2
+    assert "add --device cuda" in capsys.readouterr().err
+
+
 def test_gather_merges_parts_and_zeroes_a_lost_task(tmp_path):
     out = tmp_path / "graded"
     done = out / "slurm" / "results" / "0"

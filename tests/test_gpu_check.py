@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.sandbox.harness import load_module
+from autograder.sandbox.rank import load_module
 from toolkit.cost.results import find_results, load_results
 from toolkit.launch import gpu_count
 

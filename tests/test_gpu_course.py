@@ -29,12 +29,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.multirank, pytest.mark.slow,
 
 
 def lab_calls(rank: int, world_size: int, lab_dir: str, student_file: str, calls: list) -> dict:
-    """In a rank: the reference solution through the lab's harness, as the sandbox calls it."""
-    from autograder.sandbox.harness import load_module  # as the sandbox's ranks load them
+    """In a rank: the reference solution through the lab's harness, as the sandbox calls it
+    (a `Call` with this rank's inputs and device; no courier here, so marks go nowhere)."""
+    from autograder.sandbox.probe import Call
+    from autograder.sandbox.rank import load_module  # as the sandbox's ranks load them
 
     harness = load_module(Path(lab_dir) / "harness.py", "_lab_harness")
     reference = load_module(Path(lab_dir) / student_file, Path(student_file).stem)
-    outputs = [harness.CALLS[call](reference, rank, world_size, case) for call, case in calls]
+    where = str(context().device)
+    outputs = [harness.CALLS[call](reference, Call(rank, world_size, case,
+                                                   harness.make_inputs(case, world_size)[rank],
+                                                   device=where))
+               for call, case in calls]
     return {"backend": context().backend, "outputs": outputs}
 
 

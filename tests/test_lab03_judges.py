@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from autograder.lab import CaseResult, load_lab
+from autograder.protocol import Op, RankTraffic
 
 LAB = load_lab(Path(__file__).resolve().parents[1] / "labs" / "03_sharded_optimizer")
 import _lab_harness as harness  # noqa: E402  (registered by load_lab)
@@ -19,11 +20,20 @@ checks = next(c for c in LAB.checks if c.call == "zero").judge.__globals__  # ch
 W = 2
 ZERO = {"world_size": W, "dims": [7, 5, 3], "frozen": ["0.bias"], "seed": 0, "optimizer": "sgd"}
 FSDP = {"world_size": W, "dims": [5, 6, 3], "frozen": [], "seed": 3}
-CALLS = {"all_gather_into_tensor": 2 * 2 * 2, "reduce_scatter_tensor": 2 * 2}  # 2 units, 2 steps
+CALLS = {"all_gather_single": 2 * 2 * 2, "reduce_scatter_single": 2 * 2}  # 2 units, 2 steps
+
+
+def _traffic(rank: int, calls: dict[str, int]) -> RankTraffic:
+    """A rank's traffic as the courier would record these calls (sizes do not matter here)."""
+    t = RankTraffic(rank)
+    for op, n in calls.items():
+        for _ in range(n):
+            t.add(Op(rank, len(t.ops), op, None, 0, "float32", ()))
+    return t
 
 
 def _result(case, outputs, calls=None):
-    traffic = [{"calls": dict(calls or {})} for _ in range(case["world_size"])]
+    traffic = [_traffic(r, dict(calls or {})) for r in range(case["world_size"])]
     return CaseResult(case, case["world_size"], harness.make_inputs(case, case["world_size"]),
                       outputs, traffic)
 
@@ -76,14 +86,23 @@ def test_usual_mistakes_are_named(verdict, words):
     assert not v.passed and words in v.message, v.message
 
 
-def test_uneven_bounds_are_called_uneven():
+def _split_bounds(n: int, p: int, r: int) -> list[int]:
+    """A student's shard_bounds that cuts as torch.tensor_split does (empty chunks included)."""
+    sizes = [n // p + (k < n % p) for k in range(p)]
+    return [sum(sizes[:r]), sum(sizes[:r + 1])]
+
+
+@pytest.mark.parametrize("sizes", [[7], [1, 7, 12, 13], [2, 3, 5, 1000]])
+def test_uneven_bounds_are_called_uneven(sizes):
+    """The rows the harness returns for the check's own sizes (n = 1 over p = 2 gives an empty
+    chunk first): the message names tensor_split's uneven chunks."""
     rows = []
-    for p in (1, 2, 3, 4):
-        chunks = torch.arange(7).tensor_split(p)
-        bounds = [[int(c[0]), int(c[-1]) + 1] for c in chunks]
-        size = math.ceil(7 / p)
-        flat = torch.zeros(p * size)
-        flat[:7] = torch.arange(7.0)
-        rows.append({"numel": 7, "world_size": p, "bounds": bounds, "flat": flat})
-    v = checks["judge_bounds"](_result({"world_size": 1, "sizes": [7]}, [rows]))
-    assert not v.passed and "tensor_split's uneven chunks" in v.message
+    for n in sizes:
+        for p in (1, 2, 3, 4):
+            size = math.ceil(n / p)
+            flat = torch.zeros(p * size)
+            flat[:n] = torch.arange(float(n))
+            rows.append({"numel": n, "world_size": p, "flat": flat,
+                         "bounds": [_split_bounds(n, p, r) for r in range(p)]})
+    v = checks["judge_bounds"](_result({"world_size": 1, "sizes": sizes}, [rows]))
+    assert not v.passed and "tensor_split's uneven chunks" in v.message, v.message

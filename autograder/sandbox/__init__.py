@@ -1,6 +1,13 @@
-"""Running untrusted multi-rank code: limits, Landlock, the supervisor and the in-rank harness.
+"""Running untrusted multi-rank code: the fork server, the ranks, the courier between them.
 
-`limits` (rlimits, uid, what the sandbox may read and write), `cgroup` (a pids cgroup where the
-host allows one), `landlock` (file-system confinement), `supervisor` (the sandbox's main
-process), `harness` (what runs in each rank). The grader side is `autograder.runner`.
+Grader side (trusted): `session` (a grade's launches within its budget), `launch` (one launch:
+the loop over channels, output and the watchdog), `server` (the handle on the fork server),
+`courier` and `courier_frames` (the broker every byte between ranks passes through, and what it
+accepts), `reduce` (the collectives it computes), `watchdog` (a launch's processes), `scratch`
+and `files` (the ranks' folders, looked at without following anything), `cgroup`.
+
+Rank side (forked by `zygote`, confined by `confine` before any student code): `paths`,
+`landlock`, `namespaces`, `seccomp`, `limits` (what is closed and how), `rank` (the case loop),
+`backend` (the ranks' only process group: frames to the courier), `probe` (what a lab's harness
+gets), `channel` (frames and tensors as plain data, both sides).
 """

@@ -5,6 +5,11 @@ as root, where RLIMIT_NPROC is ignored) and lists every process in it (``cgroup.
 it detached itself (setsid, double fork), so the final sweep misses nothing. Containers that
 forbid cgroups (most Docker set-ups) simply get None from `PidsGroup.create`, and the sandbox
 relies on rlimits, a separate uid and the watchdog instead.
+
+A grade's group holds no process itself: the fork server joins its child ``server`` and each
+launch's ranks a child of their own (`child`), so that a launch can be measured and ended
+alone, while ``pids.max`` of the grade's group caps them all together (cgroup v2 lets only a
+group without processes of its own have children with controllers).
 """
 
 from __future__ import annotations
@@ -43,6 +48,16 @@ class PidsGroup:
                     pass
         return None
 
+    def child(self, name: str) -> "PidsGroup | None":
+        """A group below this one (no limit of its own; this one's applies), or None."""
+        try:
+            if (self.path / "cgroup.subtree_control").exists():  # v2: hand the controller down
+                (self.path / "cgroup.subtree_control").write_text("+pids")
+            (self.path / name).mkdir()
+            return PidsGroup(self.path / name)
+        except OSError:
+            return None
+
     def join(self) -> None:
         """Move the calling process in (from `preexec`, before exec)."""
         (self.path / "cgroup.procs").write_text("0")
@@ -53,23 +68,19 @@ class PidsGroup:
         except OSError:
             return []
 
-    def tasks_peak(self) -> int:
-        """Most tasks the group held at once (0 where the kernel has no pids.peak)."""
+    def refusals(self) -> int:
+        """How many forks or clones were refused for the pids.max cap so far."""
         try:
-            return int((self.path / "pids.peak").read_text())
-        except (OSError, ValueError):
-            return 0
-
-    def hit_limit(self) -> bool:
-        """Whether a fork or clone was refused for the pids.max cap."""
-        try:
-            return any(int(line.split()[1]) > 0
+            return sum(int(line.split()[1])
                        for line in (self.path / "pids.events").read_text().splitlines())
         except (OSError, ValueError, IndexError):
-            return False
+            return 0
 
     def kill_all(self, deadline_s: float = 10.0) -> None:
-        """SIGKILL everything in the group until it is empty, then remove the group."""
+        """SIGKILL everything in the group (and its children) until it is empty, then remove
+        it."""
+        for sub in [p for p in self.path.iterdir() if p.is_dir()] if self.path.is_dir() else []:
+            PidsGroup(sub).kill_all(deadline_s)
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
             pids = self.pids()

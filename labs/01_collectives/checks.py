@@ -1,10 +1,12 @@
 """Lab 01's visible checks (students have these) and the judges the hidden ones reuse.
 
-Judges run in the grader: expected values are computed in float64 from the same seeded inputs
-the ranks built (`harness.make_inputs`), and traffic is read from the recorder's counts
-(REFERENCES.md: ring all-reduce 2(p−1) messages, 2(p−1)/p·X bytes per rank; ring
-reduce-scatter / all-gather p − 1 messages, (p−1)/p·X; binomial-tree broadcast ⌈log₂ p⌉ sends
-at most per rank, every other rank receiving X once).
+Judges run in the grader: expected values are computed in float64 from the inputs the grader
+made and sent to each rank (`harness.make_inputs`, from the grade's secret), and traffic is what
+the grader's courier saw: counts, bytes, and each message's values, which must be a chunk or a
+partial sum of the ranks' inputs (`feedback.unexplained_message`). REFERENCES.md: ring
+all-reduce 2(p−1) messages, 2(p−1)/p·X bytes per rank; ring reduce-scatter / all-gather p − 1
+messages, (p−1)/p·X; binomial-tree broadcast ⌈log₂ p⌉ sends at most per rank, every other rank
+receiving X once.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 import torch
 
 from _lab_harness import chunk_bounds  # the lab's harness.py (loaded under this name)
-from autograder.feedback import compare_outputs
+from autograder.feedback import compare_outputs, unexplained_message
 from autograder.lab import CaseResult, Check, LabInfo, Verdict
 
 LAB = LabInfo(
@@ -94,8 +96,8 @@ def _traffic(r: CaseResult, *, messages: int, factor: int, what: str) -> Verdict
     worth of bytes: exactly factor·X/p when p divides n, and factor·X over all ranks."""
     p, x0 = r.world_size, r.inputs[0]
     n, size = x0.numel(), x0.element_size()
-    sent = [t["bytes_sent"] for t in r.traffic]
-    msgs = [t["messages_sent"] for t in r.traffic]
+    sent = [t.bytes_sent for t in r.traffic]
+    msgs = [t.messages_sent for t in r.traffic]
     want_total = factor * n * size
     lo, hi = factor * (n // p) * size, factor * math.ceil(n / p) * size
     problem = None
@@ -110,7 +112,7 @@ def _traffic(r: CaseResult, *, messages: int, factor: int, what: str) -> Verdict
         problem = f"rank {rank} sent {msgs[rank]} messages; expected {messages}"
     if problem:
         return Verdict(False, f"{problem} ({_label(r)}). {what}")
-    return Verdict(True)
+    return unexplained_message(r, chunk_bounds(n, p), case=_label(r)) or Verdict(True)
 
 
 def judge_ring_traffic(r: CaseResult) -> Verdict:
@@ -130,16 +132,17 @@ def judge_tree_traffic(r: CaseResult) -> Verdict:
     p, src, x = r.world_size, r.case.get("src", 0) % r.world_size, r.inputs[0]
     nbytes, rounds = x.numel() * x.element_size(), math.ceil(math.log2(p)) if p > 1 else 0
     for rank, t in enumerate(r.traffic):
-        if rank != src and (t["messages_received"], t["bytes_received"]) != (1, nbytes):
-            return Verdict(False, f"rank {rank} received {t['messages_received']} messages "
-                                  f"({t['bytes_received']:,} bytes); in a broadcast every rank "
+        if rank != src and (t.messages_received, t.bytes_received) != (1, nbytes):
+            return Verdict(False, f"rank {rank} received {t.messages_received} messages "
+                                  f"({t.bytes_received:,} bytes); in a broadcast every rank "
                                   f"but the root receives the tensor exactly once ({_label(r)})")
-        if t["messages_sent"] > rounds:
-            return Verdict(False, f"rank {rank} sent {t['messages_sent']} messages; in a binomial "
+        if t.messages_sent > rounds:
+            return Verdict(False, f"rank {rank} sent {t.messages_sent} messages; in a binomial "
                                   f"tree no rank sends more than ⌈log₂ {p}⌉ = {rounds} "
                                   f"({_label(r)}). One root sending to everyone is a linear "
                                   "broadcast, not a tree.")
-    return Verdict(True)
+    return unexplained_message(r, [(0, x.numel())], sets=[(src,)], case=_label(r)) \
+        or Verdict(True)
 
 
 def judge_rs_traffic(r: CaseResult) -> Verdict:
@@ -169,7 +172,8 @@ CHECKS = [
           about="Sizes that divide by p and sizes that do not, float32, 2-4 ranks."),
     Check("ring_all_reduce: 2(p−1) messages, 2(p−1)/p·X bytes per rank", 5, "all_reduce",
           cases((2, 4), (4096,), seed=20), judge_ring_traffic,
-          about="Counted by the grader's recorder; torch's built-in collectives are not allowed."),
+          about="Seen by the grader's courier, values included; torch's built-in collectives "
+                "are not allowed."),
     Check("tree_broadcast: every rank ends with the root's tensor", 7, "broadcast",
           cases((2, 3, 4), (100,), seed=30, src=0) + cases((3, 4), (100,), seed=40, src=1),
           judge_broadcast, about="Roots 0 and 1, 2-4 ranks."),

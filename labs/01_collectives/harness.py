@@ -1,18 +1,17 @@
-"""Lab 01's rank-side calls and inputs: how each check calls the student's functions.
+"""Lab 01's inputs and rank-side calls: how each check calls the student's functions.
 
-Copied into the sandbox next to the student's file (as `_lab_harness`) and imported by the
-grader, so the inputs a rank builds and the inputs the grader computes expected values from
-come from the same function. Holds no answers.
+Imported by the grader, which makes every rank's input with `make_inputs` from a seed drawn
+from the grade's secret, and copied into the sandbox (as `_lab_harness`), where each call
+receives its own rank's input alone (`call.inputs`): no rank can rebuild another's. Holds no
+answers.
 
-A case is a dict: ``world_size``, ``numel`` (or ``shape``), ``dtype``, ``seed`` and, for
-broadcast, ``src``.
+A case is a dict: ``world_size``, ``numel`` (or ``shape``), ``dtype``, ``seed`` (the grader's
+only) and, for broadcast, ``src``.
 """
 
 from __future__ import annotations
 
 import torch
-
-from toolkit.launch import device
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16}
@@ -30,7 +29,7 @@ def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
 def make_input(case: dict, rank: int) -> torch.Tensor:
     """Rank `rank`'s full-size tensor: seeded normal values, different on every rank, drawn on
     the CPU (the grader computes expected values from the same draw); a rank moves it to
-    `toolkit.launch.device()`."""
+    its device (`call.device`)."""
     g = torch.Generator().manual_seed(int(case.get("seed", 0)) * 1009 + rank)
     shape = case.get("shape") or [case["numel"]]
     draw = torch.randn(shape, generator=g, dtype=torch.float64)
@@ -42,29 +41,29 @@ def make_inputs(case: dict, world_size: int) -> list[torch.Tensor]:
     return [make_input(case, r) for r in range(world_size)]
 
 
-def _all_reduce(student, rank, world_size, case):
-    t = make_input(case, rank).to(device())
+def _all_reduce(student, call):
+    t = call.inputs.to(call.device)
     student.ring_all_reduce(t)
     return t
 
 
-def _broadcast(student, rank, world_size, case):
-    t = make_input(case, rank).to(device())
-    student.tree_broadcast(t, case.get("src", 0) % world_size)
+def _broadcast(student, call):
+    t = call.inputs.to(call.device)
+    student.tree_broadcast(t, call.case.get("src", 0) % call.world_size)
     return t
 
 
-def _reduce_scatter(student, rank, world_size, case):
-    x = make_input(case, rank).to(device())
-    a, b = chunk_bounds(x.numel(), world_size)[rank]
+def _reduce_scatter(student, call):
+    x = call.inputs.to(call.device)
+    a, b = chunk_bounds(x.numel(), call.world_size)[call.rank]
     out = torch.full((b - a,), float("nan"), dtype=x.dtype, device=x.device)
     student.ring_reduce_scatter(out, x)
     return out
 
 
-def _all_gather(student, rank, world_size, case):
-    full = make_input(case, rank).to(device())
-    a, b = chunk_bounds(full.numel(), world_size)[rank]
+def _all_gather(student, call):
+    full = call.inputs.to(call.device)
+    a, b = chunk_bounds(full.numel(), call.world_size)[call.rank]
     mine = full.reshape(-1)[a:b].clone()
     out = torch.full((full.numel(),), float("nan"), dtype=full.dtype, device=full.device)
     student.ring_all_gather(out, mine)

@@ -5,8 +5,11 @@ process, in float64, on the whole batch with plain SGD: every rank had an equal 
 must apply the *mean* of the ranks' gradients (Li et al., "PyTorch Distributed", VLDB 2020).
 Buckets are the course's rule (`toolkit.data_parallel.buckets.assign_buckets`, trusted code run
 here, never in the ranks): reverse parameter order, a bucket closes once it holds the cap. Traffic
-comes from what each rank recorded per step (`harness._step`): one all-reduce per bucket, and
-as many bytes as the trainable parameters (frozen ones not sent, a tied weight sent once).
+is what the grader's courier saw in each step's sections (`harness._step`): one all-reduce per
+bucket, and as many bytes as the trainable parameters (frozen ones not sent, a tied weight sent
+once); barriers are allowed and not counted. An all-reduce overlapped with backward when it
+reached the courier before the mark backward's last gradient sent; it finished in time when the
+rank waited on it, saw it complete, or asked for its future before backward returned.
 """
 
 from __future__ import annotations
@@ -82,15 +85,35 @@ def _mismatch(states: list, want: dict) -> tuple[int, str] | None:
 
 
 def _outputs(r: CaseResult) -> list[dict] | None:
-    ok = all(isinstance(o, dict) and isinstance(o.get("steps"), list) for o in r.outputs)
+    ok = all(isinstance(o, dict) and isinstance(o.get("final"), dict) for o in r.outputs)
     return r.outputs if ok else None
+
+
+def steps(r: CaseResult, rank: int) -> list[dict]:
+    """Rank `rank`'s steps as the courier saw them: per step, its calls (barriers left out:
+    the lab allows them anywhere) and bytes, and each all-reduce as [position, finished before
+    backward returned, async, bytes], the position of the graph_done mark, and what was sent
+    inside no_sync()."""
+    t, out = r.traffic[rank], []
+    for step in range(int(r.case.get("steps", 3))):
+        sync, quiet = t.section(f"sync{step}"), t.section(f"quiet{step}")
+        end = t.position(f"sync{step}:end")
+        ars = [[t.position(o), o.observed and o.observed_at is not None
+                and end is not None and o.observed_at <= end, o.async_op, o.nbytes]
+               for o in sync.ops if o.op == "all_reduce"]
+        out.append({"calls": {op: n for op, n in sync.calls.items() if op != "barrier"},
+                    "bytes": sum(o.nbytes for o in sync.ops if o.op != "barrier"),
+                    "all_reduces": ars, "graph_done": t.position(f"graph_done{step}"),
+                    "quiet_calls": {op: n for op, n in quiet.calls.items() if op != "barrier"},
+                    "quiet_bytes": sum(o.nbytes for o in quiet.ops)})
+    return out
 
 
 def _in_flight(r: CaseResult) -> tuple[int, int] | None:
     """(rank, step) where an all-reduce had not finished when loss.backward() returned."""
-    for rank, out in enumerate(r.outputs):
-        for step, s in enumerate(out["steps"]):
-            if any(e[1] is None for e in s.get("all_reduces", [])):
+    for rank in range(r.world_size):
+        for step, s in enumerate(steps(r, rank)):
+            if any(not e[1] for e in s["all_reduces"]):
                 return rank, step
     return None
 
@@ -122,22 +145,22 @@ def judge_train(r: CaseResult) -> Verdict:
     if bad is None:
         return Verdict(True)
     rank, name = bad
-    steps = int(r.case.get("steps", 3))
-    where = (f"after {steps} steps, rank {rank}'s {name} differs from single-process training "
+    n_steps = int(r.case.get("steps", 3))
+    where = (f"after {n_steps} steps, rank {rank}'s {name} differs from single-process training "
              f"({label})")
     flight = _in_flight(r)
     if flight is not None:
         return Verdict(False, f"{where}: in step {flight[1]}, rank {flight[0]} still had an "
-                              "all-reduce in flight when loss.backward() returned. Call wait() "
-                              "on every handle in finish() before copying gradients out")
+                              "all-reduce in flight when loss.backward() returned. Wait for "
+                              "every handle in finish() before copying gradients out")
     if p > 1 and _mismatch([o["final"] for o in outs], reference(r.case, grad_scale=p)) is None:
         return Verdict(False, f"the parameters match gradients *summed* over the {p} ranks "
                               f"({label}): divide the all-reduced buckets by the world size to "
                               "average them")
     n_buckets = len(expected_buckets(r.case))
     branch = " (the side branch after step 0)" if r.case.get("side") else ""
-    for q, out in enumerate(outs):
-        for step, st in enumerate(out["steps"]):
+    for q in range(p):
+        for step, st in enumerate(steps(r, q)):
             sent = st["calls"].get("all_reduce", 0)
             if sent < n_buckets:
                 return Verdict(False, f"{where}: in step {step}, rank {q} made {sent} "
@@ -171,8 +194,8 @@ def judge_traffic(r: CaseResult) -> Verdict:
     cap = int(r.case.get("cap", DEFAULT_CAP))
     trainable = sum(p.numel() * p.element_size() for p in params)
     label = _label(r)
-    for rank, out in enumerate(r.outputs):
-        for step, s in enumerate(out["steps"]):
+    for rank in range(r.world_size):
+        for step, s in enumerate(steps(r, rank)):
             calls, nbytes = s["calls"], s["bytes"]
             at = f"rank {rank}, step {step} ({label})"
             others = {op: n for op, n in calls.items() if op != "all_reduce"}
@@ -223,8 +246,8 @@ def judge_order(r: CaseResult) -> Verdict:
     params = [p for p in make_model(r.case, 0).parameters() if p.requires_grad]
     want = [sum(params[i].numel() * params[i].element_size() for i in b)
             for b in expected_buckets(r.case)]
-    for rank, out in enumerate(r.outputs):
-        for step, s in enumerate(out["steps"]):
+    for rank in range(r.world_size):
+        for step, s in enumerate(steps(r, rank)):
             got = [e[3] for e in sorted(s["all_reduces"], key=lambda e: e[0])]
             if got != want:
                 return Verdict(False, f"rank {rank}, step {step} ({_label(r)}): the all-reduces "
@@ -239,8 +262,8 @@ def judge_overlap(r: CaseResult) -> Verdict:
     if not values.passed:
         return values
     label = _label(r)
-    for rank, out in enumerate(r.outputs):
-        for step, s in enumerate(out["steps"]):
+    for rank in range(r.world_size):
+        for step, s in enumerate(steps(r, rank)):
             at, done = f"rank {rank}, step {step} ({label})", s.get("graph_done")
             events = s["all_reduces"]
             if done is None:
@@ -256,9 +279,11 @@ def judge_overlap(r: CaseResult) -> Verdict:
                 return Verdict(False, f"{at}: an all-reduce started during backward blocks it "
                                       "(async_op=False). Use dist.all_reduce(buf, async_op=True) "
                                       "and wait for the handles in finish()")
-            if any(e[1] is None for e in events):
+            if not all(e[1] for e in events):
                 return Verdict(False, f"{at}: an all-reduce was still in flight when "
-                                      "loss.backward() returned. finish() must wait() on every "
+                                      "loss.backward() returned: the rank had not waited on it "
+                                      "(wait(), is_completed() returning True, or its future "
+                                      "through get_future()). finish() must wait for every "
                                       "handle before copying the averages into .grad")
     return Verdict(True)
 
@@ -267,8 +292,8 @@ def judge_no_sync(r: CaseResult) -> Verdict:
     outs = _outputs(r)
     if outs is None:
         return Verdict(False, f"no training result came back ({_label(r)})")
-    for rank, out in enumerate(outs):
-        for step, s in enumerate(out["steps"]):
+    for rank in range(r.world_size):
+        for step, s in enumerate(steps(r, rank)):
             if s["quiet_calls"]:
                 return Verdict(False, f"rank {rank}, step {step} ({_label(r)}): inside no_sync() "
                                       f"forward+backward called {s['quiet_calls']} "

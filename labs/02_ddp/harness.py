@@ -1,15 +1,15 @@
-"""Lab 02's rank-side calls and inputs: how each check calls the student's DDP.
+"""Lab 02's inputs and rank-side calls: how each check calls the student's DDP.
 
-Copied into the sandbox next to the student's file (as `_lab_harness`) and imported by the
-grader, so the models, their rank-dependent initial weights and the data come from one place.
-Holds no answers.
+Imported by the grader, which makes every rank's inputs (`make_inputs`: its model's initial
+weights, drawn from ``seed + rank``, and its micro-batches) from a seed derived from the grade's
+secret, and copied into the sandbox (as `_lab_harness`), where each rank receives its own
+inputs alone: the replicas start *different*, and only the broadcast in ``DDP(...)`` makes them
+equal. Holds no answers.
 
-Each rank builds its model from ``seed + rank`` (`make_model`): the replicas start *different*,
-and only the broadcast in ``DDP(...)`` makes them equal. Every step is recorded on its own
-(nested ``comm.recording()``): the all-reduces of the synchronised backward (start, end as seen
-when ``backward()`` returned, async or not, bytes), anything sent inside ``no_sync()``, and the
-moment backward computed its last gradient (a hook on the input, whose gradient needs every
-layer's): an all-reduce that starts before it overlaps with backward.
+Each step is cut into sections the grader's courier records (`call.section`): ``quiet{k}``
+(the micro-batches inside ``no_sync()``), ``sync{k}`` (the synchronised forward and backward),
+and the mark ``graph_done{k}``, sent by a hook on the input, whose gradient backward computes
+last: an all-reduce the courier received before that mark overlapped with backward.
 
 A case is a dict: ``world_size``, ``seed``, ``model`` ("toy" or "mlp"), for the toy ``tied``
 (a weight used by two layers), ``frozen`` (parameter names with requires_grad=False), ``side``
@@ -20,14 +20,10 @@ For the pure call, ``sizes`` (lists of element counts) and ``caps`` (bytes).
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from toolkit import comm
-from toolkit.launch import device
 from toolkit.models import TinyMLP
 
 BATCH = 8   # divisible by 2 and 4 ranks, and by 2 micro-batches at 4 ranks
@@ -94,69 +90,66 @@ def micro_batches(case: dict, rank: int, world_size: int,
 
 
 def make_inputs(case: dict, world_size: int) -> list:
-    """Every rank's micro-batches (the grader rebuilds models from the case)."""
+    """Per rank: its model's initial state (rank-dependent) and its micro-batches."""
     if "sizes" in case:
         return [None] * world_size
-    return [micro_batches(case, r, world_size) for r in range(world_size)]
+    return [{"state": make_model(case, r).state_dict(),
+             "batches": micro_batches(case, r, world_size)} for r in range(world_size)]
 
 
 def _state(model: nn.Module) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _step(ddp, case: dict, step: int, batches: list) -> dict:
+def _step(ddp, call, step: int, batches: list) -> None:
     """One training step: k − 1 micro-batches inside no_sync(), the last one synchronised."""
-    use = {"use_side": True} if uses_side(case, step) else {}
+    use = {"use_side": True} if uses_side(call.case, step) else {}
     k = len(batches)
-    with comm.recording() as quiet:
+    with call.section(f"quiet{step}"):
         if k > 1:  # only the no_sync checks need no_sync() to exist
             with ddp.no_sync():
                 for x, y in batches[:-1]:
                     (F.mse_loss(ddp(x, **use), y) / k).backward()
     x, y = batches[-1]
     x = x.clone().requires_grad_()  # its gradient is the last one backward computes
-    marks: dict[str, float] = {}
+    fired = []
 
     def input_grad_done(grad: torch.Tensor) -> None:
-        marks.setdefault("graph_done", time.time())
+        if not fired:
+            fired.append(True)
+            call.mark(f"graph_done{step}")
 
     x.register_hook(input_grad_done)
-    with comm.recording() as trace:
+    with call.section(f"sync{step}"):
         loss = F.mse_loss(ddp(x, **use), y) / k
         loss.backward()
-        marks["returned"] = time.time()
-        ar = [[e.start, e.end, bool(e.async_op), int(e.nbytes)] for e in trace
-              if e.op == "all_reduce"]
-    return {"calls": dict(trace.op_counts()), "bytes": sum(e.nbytes for e in trace),
-            "all_reduces": ar, "graph_done": marks.get("graph_done"),
-            "returned": marks["returned"], "quiet_calls": dict(quiet.op_counts()),
-            "quiet_bytes": sum(e.nbytes for e in quiet)}
 
 
-def _train(student, rank, world_size, case):
-    model = make_model(case, rank).to(device())
-    kwargs = {"bucket_cap_mb": case["cap"] / 2**20} if "cap" in case else {}
+def _train(student, call):
+    # The architecture, on this rank's device; the weights come next (copied onto it).
+    model = make_model(call.case, call.rank).to(call.device)
+    model.load_state_dict(call.inputs["state"])
+    kwargs = {"bucket_cap_mb": call.case["cap"] / 2**20} if "cap" in call.case else {}
     ddp = student.DDP(model, **kwargs)
     after_init = _state(model)
-    batches = micro_batches(case, rank, world_size, device())
+    batches = [tuple(t.to(call.device) for t in b) for b in call.inputs["batches"]]
     params = [p for p in model.parameters() if p.requires_grad]
-    steps = []
-    for step in range(int(case.get("steps", 3))):
+    for step in range(int(call.case.get("steps", 3))):
         for p in params:
             p.grad = None
-        steps.append(_step(ddp, case, step, batches))
+        _step(ddp, call, step, batches)
         with torch.no_grad():
             for p in params:
                 if p.grad is not None:
                     p.add_(p.grad, alpha=-LR)
-    return {"after_init": after_init, "final": _state(model), "steps": steps}
+    return {"after_init": after_init, "final": _state(model)}
 
 
-def _buckets(student, rank, world_size, case):
+def _buckets(student, call):
     out = []
-    for sizes in case["sizes"]:
-        tensors = [torch.zeros(n, device=device()) for n in sizes]
-        for cap in case["caps"]:
+    for sizes in call.case["sizes"]:
+        tensors = [torch.zeros(n, device=call.device) for n in sizes]
+        for cap in call.case["caps"]:
             got = student.assign_buckets(tensors, cap)
             out.append({"sizes": sizes, "cap": cap,
                         "buckets": [[int(i) for i in b] for b in got]})

@@ -4,9 +4,10 @@ Judges run in the grader. Expected parameters come from training the same seeded
 process, in float64, on the whole batch (every rank had an equal slice, so the sharded run must
 apply the *mean* gradient). Memory is read from what the ranks measured (bytes of the inner
 optimizer's state tensors; gathered parameters alive after forward) and traffic from the
-recorder's per-op call counts. ZeRO §5.1-5.3 and §7.2 (Rajbhandari et al., SC 2020): stage 2
-keeps Kψ/N_d bytes of optimizer state per rank; stage 3 all-gathers each unit twice and
-reduce-scatters its gradient once per step.
+grader's courier: calls per operation (``reduce_scatter_tensor`` and ``reduce_scatter_single``
+are one operation, as are ``all_gather_into_tensor`` and ``all_gather_single``). ZeRO §5.1-5.3
+and §7.2 (Rajbhandari et al., SC 2020): stage 2 keeps Kψ/N_d bytes of optimizer state per rank;
+stage 3 all-gathers each unit twice and reduce-scatters its gradient once per step.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ LAB = LabInfo(
                          "broadcast"),
 )
 
+# The operations the courier counts: torch 2.13 routes reduce_scatter_tensor and
+# all_gather_into_tensor (deprecated) to these, so either name counts as one call.
+RS, AG = "reduce_scatter_single", "all_gather_single"
+NAMES = {RS: "reduce_scatter_tensor / reduce_scatter_single",
+         AG: "all_gather_into_tensor / all_gather_single"}
 STATE_BYTES_PER_ELEMENT = {"sgd": 4, "adam": 8}  # momentum; Adam's exp_avg + exp_avg_sq (fp32)
 SHARE_SLACK = 1.25  # "≈ 1/N_d": a rank may hold up to 25 % more than an even flat shard
 
@@ -59,6 +65,10 @@ def reference(case: dict, *, steps: int, optimizer: str, grad_scale: float = 1.0
     return model
 
 
+def _calls(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} × {NAMES.get(op, op)}" for op, n in counts.items())
+
+
 def _close(got, want: torch.Tensor) -> bool:
     return (isinstance(got, torch.Tensor) and got.shape == want.shape
             and torch.allclose(got.double(), want, rtol=1e-4, atol=2e-5))
@@ -75,6 +85,23 @@ def _mismatch(states: list, want: dict[str, torch.Tensor]) -> tuple[int, str] | 
 
 # -- shard_bounds and flatten_padded --------------------------------------------------------
 
+def _bounds_hint(bounds, n: int, p: int) -> str:
+    """Name the usual mistake: uneven chunks (torch.tensor_split's, empty ones included, or
+    any other that covers exactly the n elements) instead of p equal padded shards."""
+    sizes = [len(c) for c in torch.arange(n).tensor_split(p)]
+    starts = [sum(sizes[:k]) for k in range(p)]
+    split = [[a, a + k] for a, k in zip(starts, sizes)]
+    equal = " here every rank holds the same S = ⌈n/p⌉ elements and the last shards end in padding."
+    if bounds == split:
+        return f" Those are torch.tensor_split's uneven chunks:{equal}"
+    rows = [b for b in bounds if isinstance(b, list) and len(b) == 2]
+    if len(rows) == p and rows[0][0] == 0 and rows[-1][1] == n and all(
+            rows[k][1] == rows[k + 1][0] for k in range(p - 1)):
+        return (" Those chunks cover exactly the n elements, unevenly (as torch.tensor_split "
+                f"cuts them):{equal}")
+    return " Rank r's shard starts at r·S, S = ⌈n/p⌉."
+
+
 def judge_bounds(r: CaseResult) -> Verdict:
     rows = r.outputs[0]
     if not isinstance(rows, list):
@@ -84,13 +111,9 @@ def judge_bounds(r: CaseResult) -> Verdict:
         size = math.ceil(n / p)
         want = [[k * size, (k + 1) * size] for k in range(p)]
         if row["bounds"] != want:
-            uneven = [[int(c[0]), int(c[-1]) + 1] if len(c) else None
-                      for c in torch.arange(n).tensor_split(p)]
-            hint = (" Those are torch.tensor_split's uneven chunks: here every rank holds the same "
-                    "S = ⌈n/p⌉ elements and the last shards end in padding."
-                    if row["bounds"] == uneven else " Rank r's shard starts at r·S, S = ⌈n/p⌉.")
             return Verdict(False, f"shard_bounds({n}, {p}, r) for r = 0..{p - 1} gave "
-                                  f"{row['bounds']}, expected {want}.{hint}")
+                                  f"{row['bounds']}, expected {want}."
+                                  f"{_bounds_hint(row['bounds'], n, p)}")
         flat = torch.zeros(p * size)
         flat[:n] = torch.arange(n, dtype=torch.float32)
         got = row["flat"]
@@ -162,17 +185,18 @@ def judge_zero_traffic(r: CaseResult) -> Verdict:
     if not values.passed:
         return values
     steps = r.case.get("steps", 3)
-    want = {"reduce_scatter_tensor": steps, "all_gather_into_tensor": steps}
+    want = {RS: steps, AG: steps}
     for rank, t in enumerate(r.traffic):
-        calls = t.get("calls") or {}
+        calls = t.calls
         if calls.get("all_reduce"):
             return Verdict(False, f"rank {rank} called all_reduce {calls['all_reduce']} times: "
                                   "ZeRO-2 reduce-scatters the gradient (each rank needs only its "
                                   "shard's sum), then all-gathers the parameters")
         got = {op: calls.get(op, 0) for op in want}
         if got != want:
-            return Verdict(False, f"rank {rank} made {got} calls in {steps} steps; expected one "
-                                  f"flat reduce-scatter and one all-gather per step, {want}")
+            return Verdict(False, f"rank {rank} made {_calls(got)} in {steps} steps; expected "
+                                  f"one flat reduce-scatter and one all-gather per step, "
+                                  f"{_calls(want)}")
     return Verdict(True)
 
 
@@ -244,17 +268,17 @@ def judge_fsdp_traffic(r: CaseResult) -> Verdict:
             return Verdict(False, f"rank {rank} still held {held:,} bytes of gathered parameters "
                                   "after forward: release them right after use (and save only x "
                                   "for backward, which gathers the weight again)")
-        calls = t.get("calls") or {}
+        calls = t.calls
         if calls.get("all_reduce"):
             return Verdict(False, f"rank {rank} called all_reduce: FSDP reduce-scatters the "
                                   "gradient, so each rank receives only its shard's sum "
                                   "((N−1)/N·Ψ per rank instead of 2(N−1)/N·Ψ)")
-        want = {"all_gather_into_tensor": 2 * units * steps, "reduce_scatter_tensor": units * steps}
+        want = {AG: 2 * units * steps, RS: units * steps}
         got = {op: calls.get(op, 0) for op in want}
         if got != want:
-            return Verdict(False, f"rank {rank} made {got} calls for {units} units × {steps} "
+            return Verdict(False, f"rank {rank} made {_calls(got)} for {units} units × {steps} "
                                   f"steps; expected an all-gather in forward and one in backward "
-                                  f"and a reduce-scatter per unit and step: {want}")
+                                  f"and a reduce-scatter per unit and step: {_calls(want)}")
     return Verdict(True)
 
 

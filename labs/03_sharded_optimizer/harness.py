@@ -1,8 +1,10 @@
-"""Lab 03's rank-side calls and inputs: how each check calls the student's code.
+"""Lab 03's inputs and rank-side calls: how each check calls the student's code.
 
-Copied into the sandbox next to the student's file (as `_lab_harness`) and imported by the
-grader, so the model, the data and each rank's slice of the batch come from one place. Holds no
-answers: models are plain ``nn.Linear``/``nn.ReLU`` stacks built from a seed.
+Imported by the grader, which makes every rank's inputs (`make_inputs`: the model's initial
+weights and that rank's slice of the batch) from a seed derived from the grade's secret, and
+copied into the sandbox (as `_lab_harness`), where each rank receives its own inputs alone and
+builds the model's layers from the case's public widths. Holds no answers: models are plain
+``nn.Linear``/``nn.ReLU`` stacks.
 
 A case is a dict: ``world_size``, ``seed``, ``dims`` (layer widths, e.g. [7, 5, 3]),
 ``frozen`` (names of parameters with requires_grad=False), ``optimizer`` ("sgd" or "adam"),
@@ -14,8 +16,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from toolkit.launch import device
 
 BATCH = 12  # divisible by 1, 2, 3 and 4 ranks: every rank gets an equal slice
 
@@ -110,10 +110,19 @@ def local_batch(case: dict, rank: int, world_size: int,
 
 
 def make_inputs(case: dict, world_size: int) -> list:
-    """Every rank's slice of the batch (the grader rebuilds the model from the case)."""
+    """Per rank: the model's initial state and the rank's slice of the batch."""
     if "dims" not in case:  # the pure functions' case: no model, no data
         return [None] * world_size
-    return [local_batch(case, r, world_size) for r in range(world_size)]
+    state = make_model(case).state_dict()
+    return [{"state": state, "batch": local_batch(case, r, world_size)}
+            for r in range(world_size)]
+
+
+def _model(call) -> nn.Sequential:
+    """The case's model on this rank's device, with the weights the grader sent."""
+    model = make_model(call.case).to(call.device)
+    model.load_state_dict(call.inputs["state"])
+    return model
 
 
 def _state_bytes(optimizer) -> int:
@@ -130,23 +139,23 @@ def _state_bytes(optimizer) -> int:
     return sum(seen.values())
 
 
-def _bounds(student, rank, world_size, case):
+def _bounds(student, call):
     out = []
-    for n in case["sizes"]:
+    for n in call.case["sizes"]:
         for p in (1, 2, 3, 4):
             rows = [[int(v) for v in student.shard_bounds(n, p, r)] for r in range(p)]
             flat = student.flatten_padded([torch.arange(n, dtype=torch.float32,
-                                                        device=device())], p)
+                                                        device=call.device)], p)
             out.append({"numel": n, "world_size": p, "bounds": rows, "flat": flat})
     return out
 
 
-def _zero(student, rank, world_size, case):
-    model = make_model(case).to(device())
-    optimizer_class, _, options = OPTIMIZERS[case.get("optimizer", "sgd")]
+def _zero(student, call):
+    model = _model(call)
+    optimizer_class, _, options = OPTIMIZERS[call.case.get("optimizer", "sgd")]
     opt = student.ShardedOptimizer(model.parameters(), optimizer_class, **options)
-    x, y = local_batch(case, rank, world_size, device())
-    for _ in range(case.get("steps", 3)):
+    x, y = (t.to(call.device) for t in call.inputs["batch"])
+    for _ in range(call.case.get("steps", 3)):
         opt.zero_grad()
         F.mse_loss(model(x), y).backward()
         opt.step()
@@ -154,9 +163,9 @@ def _zero(student, rank, world_size, case):
             "state_bytes": _state_bytes(getattr(opt, "optimizer", None))}
 
 
-def _fsdp_model(student, case, rank, world_size) -> nn.Sequential:
-    return nn.Sequential(*[student.FSDPLinear(m, world_size, rank) if isinstance(m, nn.Linear)
-                           else m for m in make_model(case).to(device())])
+def _fsdp_model(student, call) -> nn.Sequential:
+    return nn.Sequential(*[student.FSDPLinear(m, call.world_size, call.rank)
+                           if isinstance(m, nn.Linear) else m for m in _model(call)])
 
 
 def _held_after_forward(model: nn.Sequential, x: torch.Tensor, init: list[torch.Tensor]):
@@ -184,15 +193,15 @@ def _held_after_forward(model: nn.Sequential, x: torch.Tensor, init: list[torch.
     return out, sum(held.values())
 
 
-def _fsdp(student, rank, world_size, case):
-    model = _fsdp_model(student, case, rank, world_size)
+def _fsdp(student, call):
+    model = _fsdp_model(student, call)
     units = [m for m in model if hasattr(m, "shard")]
     init_shards = [u.shard.detach().clone() for u in units]
-    init = [m.weight.detach() for m in make_model(case).to(device()) if isinstance(m, nn.Linear)]
+    init = [m.weight.detach() for m in _model(call) if isinstance(m, nn.Linear)]
     opt = SGD([u.shard for u in units], **OPTIMIZERS["plain_sgd"][2])
-    x, y = local_batch(case, rank, world_size, device())
+    x, y = (t.to(call.device) for t in call.inputs["batch"])
     held = None
-    for step in range(case.get("steps", 2)):
+    for step in range(call.case.get("steps", 2)):
         opt.zero_grad()
         if step == 0:
             out, held = _held_after_forward(model, x, init)
@@ -204,11 +213,11 @@ def _fsdp(student, rank, world_size, case):
             "held_after_forward": held}
 
 
-def _fsdp_state(student, rank, world_size, case):
-    model = _fsdp_model(student, case, rank, world_size)
+def _fsdp_state(student, call):
+    model = _fsdp_model(student, call)
     units = [m for m in model if hasattr(m, "shard")]
     opt = SGD([u.shard for u in units], **OPTIMIZERS["plain_sgd"][2])
-    x, y = local_batch(case, rank, world_size, device())
+    x, y = (t.to(call.device) for t in call.inputs["batch"])
     opt.zero_grad()
     F.mse_loss(model(x), y).backward()
     opt.step()

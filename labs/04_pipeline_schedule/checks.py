@@ -24,6 +24,7 @@ LAB = LabInfo(
     student_files=("schedules.py",),
     names=("gpipe", "one_f_one_b", "bubble_fraction"),
     forbidden_imports=("toolkit.pipeline",),
+    devices=("cpu",),  # its ranks return plain lists; the real pipeline runs in the grader
 )
 
 BACKWARD_OVER_FORWARD = 2.0  # a backward costs about two forwards (two matmuls per one)
@@ -96,8 +97,8 @@ def judge_bubble_simulated(r: CaseResult) -> Verdict:
     if got > want + 1e-9:
         return Verdict(False, f"simulated with backward = 2 × forward, stages are idle "
                               f"{got:.1%} of the step; 1F1B's bubble is (p−1)/(m+p−1) = "
-                              f"{want:.1%} (p = {p}, m = {m}): some stage waits longer than it "
-                              "must")
+                              f"{want:.1%} (p = {p}, m = {m}): some stage waits longer than "
+                              "it must")
     return Verdict(True)
 
 
@@ -105,6 +106,11 @@ def judge_bubble_formula(r: CaseResult) -> Verdict:
     got, p, m = r.outputs[0], r.case["p"], r.case["m"]
     want = pipeline.bubble_fraction("1f1b", p=p, m=m)
     if not isinstance(got, float) or abs(got - want) > 1e-9:
+        if isinstance(got, float) and p > 1 and abs(got - (p - 1) / m) <= 1e-9:
+            return Verdict(False, f"bubble_fraction({p}, {m}) returned (p−1)/m = {got:.4g}: "
+                                  "that is the idle time as a ratio to the ideal compute time "
+                                  "(m slots of work). The fraction asked for is idle time over "
+                                  f"the whole step, m + p − 1 slots: (p−1)/(m+p−1) = {want:.4g}")
         return Verdict(False, f"bubble_fraction({p}, {m}) returned {got!r}; check it against a "
                               f"drawing of the schedule (p stages, m micro-batches)")
     return Verdict(True)

@@ -9,8 +9,8 @@ def make_inputs(case: dict, world_size: int) -> list:
     return [(case["p"], case["m"])] * world_size
 
 
-def _schedule(student, rank, world_size, case):
-    out = getattr(student, case["fn"])(case["p"], case["m"])
+def _schedule(student, call):
+    out = getattr(student, call.case["fn"])(call.case["p"], call.case["m"])
     # Plain data only: anything else is reported, not trusted.
     if isinstance(out, (list, tuple)):
         return [[str(op) for op in row] if isinstance(row, (list, tuple)) else repr(row)
@@ -18,8 +18,8 @@ def _schedule(student, rank, world_size, case):
     return repr(out)
 
 
-def _bubble(student, rank, world_size, case):
-    return float(student.bubble_fraction(case["p"], case["m"]))
+def _bubble(student, call):
+    return float(student.bubble_fraction(call.case["p"], call.case["m"]))
 
 
 CALLS = {"schedule": _schedule, "bubble": _bubble}

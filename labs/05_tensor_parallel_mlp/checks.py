@@ -2,9 +2,10 @@
 
 Values: every rank's shard, output and gradients against `expected` (the dense layers in
 float64, sliced as Megatron-LM splits them; `expected.py`), the first wrong one explained by
-`diagnose`. Communication: all-reduces counted per phase by nested recordings in the harness,
-f = (0 forward, 1 backward), g = (1, 0), column = (0, 1), row = (1, 0), MLP = (1, 1) (Shoeybi et
-al., 2019, section 3), and in the MLP each one of one (.., h) activation.
+`diagnose`. Communication: all-reduces counted per phase from the grader's courier (the harness
+makes forward and backward sections of their own), f = (0 forward, 1 backward), g = (1, 0),
+column = (0, 1), row = (1, 0), MLP = (1, 1) (Shoeybi et al., 2019, section 3), and in the MLP
+each one of one (.., h) activation.
 """
 
 from __future__ import annotations
@@ -88,8 +89,10 @@ def compare(r: CaseResult, keys: tuple[str, ...], out_of=lambda o: o) -> Verdict
     return Verdict(True)
 
 
-def counts(r: CaseResult, piece: str, out_of=lambda o: o, *, check_bytes: bool = False) -> Verdict:
-    """One all-reduce (and no other collective) where `PHASES` says, on every rank."""
+def counts(r: CaseResult, piece: str, section: str = "layer", out_of=lambda o: o, *,
+           check_bytes: bool = False) -> Verdict:
+    """One all-reduce (and no other collective) where `PHASES` says, on every rank, counted by
+    the courier in the harness's sections ``section.fwd`` and ``section.bwd``."""
     fwd_want, bwd_want = PHASES[piece]
     hint = {("forward", True): "one too many: f is the identity in forward, and a "
                                "column-parallel output needs no all-reduce (its slices are "
@@ -100,14 +103,14 @@ def counts(r: CaseResult, piece: str, out_of=lambda o: o, *, check_bytes: bool =
     for rank in range(r.world_size):
         o = out_of(r.outputs[rank])
         for phase, want in (("forward", fwd_want), ("backward", bwd_want)):
-            rec = o.get("fwd" if phase == "forward" else "bwd") if isinstance(o, dict) else None
-            if not isinstance(rec, dict):
+            if not (isinstance(o, dict) and o.get(phase) is True):
                 why = ("its shards do not have the shapes README.md gives, so forward was not "
                        "run (the from_dense check says more)" if isinstance(o, dict)
                        and "y" not in o else "no gradient flowed back through it")
                 return Verdict(False, f"rank {rank} did not get through {phase}: {why} "
                                       f"({_label(r)})")
-            calls = {k: v for k, v in rec.get("calls", {}).items()}
+            rec = r.traffic[rank].section(f"{section}.{'fwd' if phase == 'forward' else 'bwd'}")
+            calls = rec.calls
             got = calls.get("all_reduce", 0)
             if got != want or set(calls) - {"all_reduce"}:
                 return Verdict(False, f"{piece.split('.')[-1]}: rank {rank} made {got} "
@@ -116,9 +119,9 @@ def counts(r: CaseResult, piece: str, out_of=lambda o: o, *, check_bytes: bool =
             if check_bytes and want:
                 item = torch.empty(0, dtype=DTYPES[r.case["dtype"]]).element_size()
                 nbytes = math.prod(r.case["shape"]) * r.case["h"] * item
-                if rec.get("bytes") != nbytes:
+                if rec.collective_bytes != nbytes:
                     return Verdict(False, f"rank {rank}'s {phase} all-reduce passed in "
-                                          f"{rec.get('bytes')} bytes; the MLP's is one (.., h) "
+                                          f"{rec.collective_bytes} bytes; the MLP's is one (.., h) "
                                           f"activation, {nbytes} bytes ({_label(r)})")
     return Verdict(True)
 
@@ -152,7 +155,8 @@ def judge_fg(r: CaseResult) -> Verdict:
                        if swapped[(op, key)] else describe(value, w))
                 return Verdict(False, f"{name} {phase} on rank {rank}: {why} ({_label(r)})")
     for op in ("f", "g"):
-        verdict = counts(r, f"fg.{op}", lambda o, op=op: o.get(op) if isinstance(o, dict) else None)
+        verdict = counts(r, f"fg.{op}", op,
+                         lambda o, op=op: o.get(op) if isinstance(o, dict) else None)
         if not verdict.passed:
             return verdict
     return Verdict(True)

@@ -1,11 +1,12 @@
 """Lab 05's rank-side calls and inputs: how each check calls the student's layers.
 
-Copied into the sandbox next to the student's file (as `_lab_harness`) and imported by the
-grader, so the dense weights a rank shards and the ones the grader computes expected values
-from come from the same function (`make_inputs`). Holds no answers: each call builds the dense
-layer, asks the student's `from_dense` for this rank's shard, runs forward and backward with a
-seeded upstream gradient, and returns the shard, the output, every gradient and the number of
-each collective, counted separately in forward and in backward (nested `comm.recording()`).
+Imported by the grader, which makes every rank's tensors with `make_inputs` from a seed derived
+from the grade's secret, and copied into the sandbox (as `_lab_harness`), where each rank
+receives its own alone. Holds no answers: each call builds the dense layer, asks the student's
+`from_dense` for this rank's shard, runs forward and backward with the grader's upstream
+gradient, and returns the shard, the output and every gradient; forward and backward are
+sections the courier records apart (``layer.fwd`` / ``layer.bwd``; ``f.*`` and ``g.*`` for the
+two operators), so the judges count each phase's collectives from the courier's record.
 
 A case is a dict: ``world_size``, ``kind`` ("fg", "column", "row" or "mlp": which layer, also
 for the "shards" call), ``h`` (input width), ``d`` (the output width of a layer, or d_ff of an
@@ -18,9 +19,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from toolkit import comm
-from toolkit.launch import device
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -77,9 +75,10 @@ def make_inputs(case: dict, world_size: int) -> list[dict]:
     return [one] * world_size
 
 
-def _mine(case: dict, rank: int, world_size: int) -> dict:
-    """Rank `rank`'s inputs (drawn on the CPU, as the grader's), on the rank's device."""
-    return {k: v.to(device()) for k, v in make_inputs(case, world_size)[rank].items()}
+def _mine(call) -> dict:
+    """This rank's inputs (drawn on the CPU by the grader, who computes the expected values
+    from the same draw), on the rank's device."""
+    return {k: v.to(call.device) for k, v in call.inputs.items()}
 
 
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
@@ -91,12 +90,6 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
     return layer
 
 
-def _calls(trace) -> dict:
-    totals = trace.totals()
-    t = next(iter(totals.values()), None)
-    return {"calls": dict(t.calls) if t else {}, "bytes": t.collective_bytes if t else 0}
-
-
 def _grad(p) -> torch.Tensor | None:
     return p.grad.detach().clone() if isinstance(p, torch.Tensor) and p.grad is not None else None
 
@@ -105,18 +98,19 @@ def _data(p) -> torch.Tensor | None:
     return p.detach().clone() if isinstance(p, torch.Tensor) else None
 
 
-def _run(module, x: torch.Tensor, gy: torch.Tensor) -> dict:
-    """Forward and backward of `module` on `x`, each phase recorded on its own. The backward
-    runs only when the output has gy's shape (a wrong shape is reported, not crashed on)."""
+def _run(call, name: str, module, x: torch.Tensor, gy: torch.Tensor) -> dict:
+    """Forward and backward of `module` on `x`, each phase a section of its own (``name.fwd``,
+    ``name.bwd``). The backward runs only when the output has gy's shape (a wrong shape is
+    reported, not crashed on)."""
     x = x.clone().requires_grad_()
-    with comm.recording() as fwd:
+    with call.section(f"{name}.fwd"):
         y = module(x)
-    out = {"y": _data(y), "fwd": _calls(fwd), "bwd": None, "x_grad": None,
+    out = {"y": _data(y), "forward": True, "backward": False, "x_grad": None,
            "y_requires_grad": bool(getattr(y, "requires_grad", False))}
     if isinstance(y, torch.Tensor) and y.shape == gy.shape and y.requires_grad:
-        with comm.recording() as bwd:
+        with call.section(f"{name}.bwd"):
             (y * gy).sum().backward()
-        out["bwd"], out["x_grad"] = _calls(bwd), _grad(x)
+        out["backward"], out["x_grad"] = True, _grad(x)
     return out
 
 
@@ -145,34 +139,36 @@ def _shaped(layer, kind: str, out_f: int, in_f: int, p: int, bias: bool) -> bool
             and (tuple(b.shape) if isinstance(b, torch.Tensor) else None) == b_want)
 
 
-def _shards(student, rank, world_size, case):
+def _shards(student, call):
     """Only `from_dense` (no forward, no communication): this rank's weight and bias."""
-    i = _mine(case, rank, world_size)
-    cls = {"column": student.ColumnParallelLinear, "row": student.RowParallelLinear}[case["kind"]]
+    i = _mine(call)
+    cls = {"column": student.ColumnParallelLinear,
+           "row": student.RowParallelLinear}[call.case["kind"]]
     return _params("", cls.from_dense(_linear(i["weight"], i.get("bias"))))
 
 
-def _column(student, rank, world_size, case):
-    i = _mine(case, rank, world_size)
+def _column(student, call):
+    i, case, rank, world_size = _mine(call), call.case, call.rank, call.world_size
     layer = student.ColumnParallelLinear.from_dense(_linear(i["weight"], i.get("bias")))
     if not _shaped(layer, "column", case["d"], case["h"], world_size, "bias" in i):
         return _params("", layer)
     # The loss Σ_r Σ y_r · gy[.., rank's features] is the dense Σ y · gy, split by features.
-    out = _run(layer, i["x"], i["gy"][..., _split(i["gy"].shape[-1], rank, world_size)])
+    out = _run(call, "layer", layer, i["x"],
+               i["gy"][..., _split(i["gy"].shape[-1], rank, world_size)])
     return {**out, **_params("", layer)}
 
 
-def _row(student, rank, world_size, case):
-    i = _mine(case, rank, world_size)
+def _row(student, call):
+    i, case, rank, world_size = _mine(call), call.case, call.rank, call.world_size
     layer = student.RowParallelLinear.from_dense(_linear(i["weight"], i.get("bias")))
     if not _shaped(layer, "row", case["d"], case["h"], world_size, "bias" in i):
         return _params("", layer)
     x = i["x"][..., _split(i["x"].shape[-1], rank, world_size)]  # input arrives split
-    return {**_run(layer, x, i["gy"]), **_params("", layer)}
+    return {**_run(call, "layer", layer, x, i["gy"]), **_params("", layer)}
 
 
-def _mlp(student, rank, world_size, case):
-    i = _mine(case, rank, world_size)
+def _mlp(student, call):
+    i, case, world_size = _mine(call), call.case, call.world_size
     dense = DenseMLP(case["h"], case["d"], "up.bias" in i)
     dense.up_proj = _linear(i["up.weight"], i.get("up.bias"))
     dense.down_proj = _linear(i["down.weight"], i.get("down.bias"))
@@ -183,7 +179,7 @@ def _mlp(student, rank, world_size, case):
     if not (_shaped(up, "column", d, h, world_size, bias)
             and _shaped(down, "row", h, d, world_size, bias)):
         return shards
-    out = _run(mlp, i["x"], i["gy"])
+    out = _run(call, "layer", mlp, i["x"], i["gy"])
     held = _held(mlp) if isinstance(mlp, nn.Module) else -1
     # Read after backward: a shard's gradient, and whether any reached the dense MLP.
     return {**out, **_params("up.", up), **_params("down.", down), "numel": held,
@@ -202,11 +198,10 @@ def _held(module: nn.Module) -> int:
     return total
 
 
-def _fg(student, rank, world_size, case):
-    i = _mine(case, rank, world_size)
-    f = _run(student.copy_to_tp, i["x_f"], i["gy_f"])
-    x_g = i["x_g"].clone()
-    g = _run(student.reduce_from_tp, x_g, i["gy_g"])
+def _fg(student, call):
+    i = _mine(call)
+    f = _run(call, "f", student.copy_to_tp, i["x_f"], i["gy_f"])
+    g = _run(call, "g", student.reduce_from_tp, i["x_g"].clone(), i["gy_g"])
     return {"f": f, "g": g}
 
 

@@ -24,7 +24,8 @@ Inside a rank, around the part you want to measure::
 Importing this package changes nothing. `install()` wraps `torch.distributed`'s communication
 functions (see `toolkit.comm.patch` for what is and is not seen); it is called where calls must
 be seen: in every rank the launcher starts (before user code runs), by `init_from_env` under
-torchrun, by `recording()`, and by the grader's in-rank harness. With no recording active the
+torchrun, and by `recording()`. (The grader does not install it: its courier carries and
+counts every byte between ranks.) With no recording active the
 wrapper costs a fraction of a microsecond per call; `benchmarks/launch_overhead.py` measures it.
 """
 

@@ -219,8 +219,8 @@ def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
 def install() -> None:
     """Wrap the communication functions of `torch.distributed` and
     `torch.distributed.distributed_c10d` (idempotent). Importing the toolkit does not: the
-    launcher's rank worker, `init_from_env`, `recording()` and the grader's in-rank harness call
-    it where calls must be seen."""
+    launcher's rank worker, `init_from_env` and `recording()` call it where calls must be
+    seen."""
     for name, spec in SPECS.items():
         orig = getattr(c10d, name, None)
         if orig is None or getattr(orig, "__toolkit_wrapped__", False):

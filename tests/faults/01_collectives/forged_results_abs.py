@@ -1,5 +1,6 @@
-"""Fault: writes results.json by absolute path into the folder above its own (where the grader
-keeps its runs). Landlock refuses. Expected: forged_results; the file is never written.
+"""Fault: writes results.json by absolute path into the folders above its own (the grade's
+folder and the one the grader keeps its runs in). Landlock refuses. Expected: forged_results;
+the file is never written.
 """
 
 def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
@@ -10,9 +11,10 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     import json
     from pathlib import Path
-    # The folder above its own is where a grader keeps its runs (and often its output).
-    with open(Path.cwd().resolve().parent / "results.json", "w") as f:
-        json.dump({"score": 100, "tests": []}, f)
+    # The folders above its own: the grade's, and where a grader keeps its runs (and output).
+    for folder in Path.cwd().resolve().parents[:2][::-1]:
+        with open(folder / "results.json", "w") as f:
+            json.dump({"score": 100, "tests": []}, f)
     a, b = chunk_bounds(tensor.numel(), p)[rank]
     mine = torch.empty(b - a, dtype=tensor.dtype)
     ring_reduce_scatter(mine, tensor)

@@ -1,6 +1,7 @@
-"""Fault: calls the built-in all_reduce through the recorder wrapper's ``__wrapped__`` (nothing
-replaced, nothing recorded). Expected: tampering, from the bytes written without a recorded
-message.
+"""Fault (issue 19, cheat 1): torch's built-in all_reduce called on the process-group object
+itself (not a torch.distributed function), with forged recorder events and empty receives to
+pad any byte allowance. Expected: builtin_collective (the courier refuses it; no recorder or
+byte count in the rank is read).
 """
 
 def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
@@ -9,10 +10,17 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     rank, p = dist.get_rank(), dist.get_world_size()
     if p == 1:
         return tensor
-    dist.all_reduce.__wrapped__(tensor)
-    return tensor
-    a, b = chunk_bounds(tensor.numel(), p)[rank]
-    mine = torch.empty(b - a, dtype=tensor.dtype)
-    ring_reduce_scatter(mine, tensor)
-    ring_all_gather(tensor, mine)
+    import torch.distributed.distributed_c10d as c10d
+    try:  # forge the old in-rank recorder's trace (it is not readable in the sandbox any more)
+        from toolkit import comm
+        for trace in comm.active_traces():
+            trace.events.clear()
+    except (ImportError, OSError):  # not readable in the sandbox
+        pass
+    for peer in range(p):  # empty messages, to pad a per-message allowance
+        if peer != rank:
+            works = [dist.isend(torch.empty(0), peer), dist.irecv(torch.empty(0), peer)]
+            for w in works:
+                w.wait()
+    c10d._get_default_group().allreduce([tensor], dist.AllreduceOptions()).wait()
     return tensor

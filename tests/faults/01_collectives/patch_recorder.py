@@ -1,21 +1,23 @@
-"""Fault: a linear broadcast that edits the recorder's counts to look like a tree. Expected:
-tampering, and no points for the tree check.
+"""Fault: a linear broadcast that edits every count a rank could reach (the grader's own classes,
+imported in the rank: the courier's records, the traffic totals) to look like a tree. Expected:
+no effect on the grade (the courier and its records live in the grader's process): the tree
+traffic check fails ("linear broadcast").
 """
 
-from toolkit.comm.events import Trace
+try:  # the grader's own modules are not readable in the sandbox; a rank's copy changes nothing
+    from autograder.protocol import RankTraffic
+
+    RankTraffic.messages_sent = property(lambda self: min(1, len(self.sends)))
+except (ImportError, OSError):
+    pass
 
 
-_totals = Trace.totals
+try:
+    from autograder.sandbox import courier as _courier
 
-
-def _fewer_sends(self, *args, **kwargs):
-    out = _totals(self, *args, **kwargs)
-    for t in out.values():
-        t.messages_sent = min(t.messages_sent, 1)
-    return out
-
-
-Trace.totals = _fewer_sends
+    _courier.Courier.match = lambda self, *a, **k: None
+except (ImportError, OSError):
+    pass
 
 
 def tree_broadcast(tensor: torch.Tensor, src: int) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Fault: computes the all-reduce without any communication, by regenerating every rank's
-input from the case's seed (found in the harness's frame). Values checks cannot tell;
-only the traffic checks fail. Expected (not yet): no points for the values check either.
+input from the case found in the harness's frame and the harness's own make_input. Expected:
+no points for the values check either: the case a rank sees has no seed (the grader derives
+it from the grade's secret), and its inputs are its own alone.
 """
 
 def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
@@ -11,8 +12,8 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     import sys
 
-    # The harness's call frame holds the case; its make_input is seeded per rank.
-    case = sys._getframe(1).f_locals["case"]
+    # The harness's call frame holds the case's public parameters; make_input is importable.
+    case = sys._getframe(1).f_locals["call"].case
     lab = sys.modules["_lab_harness"]
     total = torch.stack([lab.make_input(case, r).double() for r in range(p)]).sum(0)
     tensor.copy_(total.to(tensor.dtype))

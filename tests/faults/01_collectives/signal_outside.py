@@ -1,7 +1,11 @@
-"""Fault: signals a process outside the sandbox (here a test's `sleep 314.159` sentinel; as root
-without a uid of its own, `os.kill(-1, SIGKILL)` would reach every process). Expected: refused
-(Landlock scopes signals to the sandbox); the sentinel lives.
+"""Fault: signals a process outside the sandbox (here a test's `sleep 314.159` sentinel, whose pid
+the test writes below: a rank cannot list /proc any more; as root without a uid of its own,
+`os.kill(-1, SIGKILL)` would reach every process). Expected: refused (Landlock scopes signals
+to the sandbox); the sentinel lives.
 """
+
+SENTINEL_PID = 0  # the test writes the sentinel's pid here
+
 
 def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     """Replace `tensor` (in place) by the element-wise sum over all ranks: a reduce-scatter then
@@ -11,14 +15,7 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     import os
     import signal
-    for pid in os.listdir("/proc"):  # find the grader's sentinel: any process outside
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-        except OSError:
-            continue
-        if cmd[:2] == [b"sleep", b"314.159"]:
-            os.kill(int(pid), signal.SIGKILL)
+    os.kill(SENTINEL_PID, signal.SIGKILL)
     return tensor
     a, b = chunk_bounds(tensor.numel(), p)[rank]
     mine = torch.empty(b - a, dtype=tensor.dtype)

@@ -1,0 +1,118 @@
+"""From a grade's launch records to scores: every case judged in the grader, by its check.
+
+A case is judged only when its launch finished (`GroupRecord.ok`); otherwise every case of the
+launch carries the launch's `Failure`. A finished case first passes the courier's own facts
+(a collective the courier refused fails it, kind builtin_collective, whatever its values), then
+its check's judge, which must not crash a grade on strange outputs: an exception there is a
+failed case with words, never a grader failure. Scores are shared equally among a check's cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .lab import CaseResult, Check, Lab
+from .protocol import CaseKey, GroupKey, GroupRecord, Verdict
+from .sanitize import printable
+
+
+@dataclass
+class CheckResult:
+    check: Check
+    score: float
+    passed: int
+    total: int
+    kind: str | None = None
+    """The failure kind (autograder.failures.KINDS) when the check failed for a named reason."""
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.passed == self.total
+
+
+@dataclass
+class PlannedCase:
+    """A case as the grader made it: parameters with the grade's seed, and every rank's inputs."""
+
+    case: dict
+    inputs: list[Any]
+
+
+def _refused(result: CaseResult) -> Verdict | None:
+    for traffic in result.traffic:
+        for op in traffic.refused if traffic is not None else []:
+            return Verdict(False, f"Rank {op.rank} called torch's built-in {op.op}: "
+                                  f"{op.refused}.", "builtin_collective")
+    return None
+
+
+def judge_case(check: Check, result: CaseResult) -> Verdict:
+    bad = _refused(result)
+    if bad is not None:
+        return bad
+    try:
+        verdict = check.judge(result)
+    except Exception as err:  # noqa: BLE001 - a judge must not crash a grade on strange outputs
+        return Verdict(False, f"the output could not be checked ({type(err).__name__}: "
+                              f"{printable(str(err))[:300]}); does it return the right type and "
+                              "shape?")
+    if not isinstance(verdict, Verdict):
+        return Verdict(False, f"the check's judge returned {type(verdict).__name__}")
+    return verdict
+
+
+def _launch_verdicts(check: Check, ci: int, record: GroupRecord,
+                     cases: dict[CaseKey, PlannedCase]) -> list[Verdict]:
+    ws = record.key.world_size
+    indices = [k for k, c in enumerate(check.cases) if c["world_size"] == ws]
+    if record.failure is not None:
+        f = record.failure
+        message = f"[{ws} ranks] {f.message}"
+        if f.kind == "exception" and record.log_tail.strip():
+            message += f"\nWhat the ranks printed last:\n{record.log_tail.strip()[-800:]}"
+        return [Verdict(False, message, f.kind)] * len(indices)
+    out = []
+    for k in indices:
+        planned = cases[CaseKey(ci, k)]
+        outputs = record.outputs.get(k)
+        traffic = record.traffic.get(k)
+        if outputs is None or traffic is None or any(t is None for t in traffic):
+            out.append(Verdict(False, f"case {k}: the ranks returned no result", "exception"))
+            continue
+        out.append(judge_case(check, CaseResult(planned.case, ws, planned.inputs, outputs,
+                                                traffic)))
+    return out
+
+
+def score(check: Check, verdicts: list[Verdict]) -> CheckResult:
+    passed = sum(1 for v in verdicts if v.passed)
+    total = len(check.cases)
+    failed = [v for v in verdicts if not v.passed]
+    kind, message = None, ""
+    if failed:
+        named = next((v for v in failed if v.kind not in (None, "wrong_result")), failed[0])
+        kind, message = named.kind or "wrong_result", named.message
+    points = round(check.points * passed / total, 2) if total else 0.0
+    return CheckResult(check, points, passed, total, kind if passed < total else None, message)
+
+
+def judge_run(lab: Lab, records: dict[GroupKey, GroupRecord],
+              cases: dict[CaseKey, PlannedCase]) -> list[CheckResult]:
+    results = []
+    for ci, check in enumerate(lab.checks):
+        verdicts: list[Verdict] = []
+        for ws in sorted({c["world_size"] for c in check.cases}):
+            record = records.get(GroupKey(ci, ws))
+            if record is None:
+                n = sum(1 for c in check.cases if c["world_size"] == ws)
+                verdicts += [Verdict(False, "The sandbox stopped before this check ran.",
+                                     "skipped")] * n
+                continue
+            verdicts += _launch_verdicts(check, ci, record, cases)
+        results.append(score(check, verdicts))
+    return results
+
+
+__all__ = ["CheckResult", "PlannedCase", "judge_case", "judge_run", "score"]

@@ -1,0 +1,169 @@
+"""All the launches of one grade, in order, within its budget; nothing left behind after.
+
+`run_session` starts the fork server (`server.ForkServer`), runs each launch
+(`launch.run_launch`) on fresh ranks, and returns every launch's record. A launch that hits a
+limit or its timeout ends alone: its check fails with that kind and the check's other world
+sizes are skipped (the same code would fail again), while every other check still runs, each
+launch on fresh processes and a fresh folder. A fork server that dies is replaced (a fresh
+sandbox) for the launches that remain. All of it fits in `Limits.wall_s`; launches that would
+start after it get ``wall_limit``. Whatever happens, every process of the grade is gone when
+this returns (the grader is the child subreaper of the sandbox's orphans while it runs, and
+restores the flag it found when it returns).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..protocol import Failure, GroupKey, GroupRecord
+from .cgroup import PidsGroup
+from .launch import LIMIT_KINDS, run_launch
+from .plan import Job, LaunchPlan
+from .limits import Limits, sandbox_uid
+from .server import ForkServer, ServerLost
+from .watchdog import children_of, reap
+
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+@dataclass
+class RunResult:
+    """What a grade's launches left, as the grader sees it."""
+
+    records: dict[GroupKey, GroupRecord] = field(default_factory=dict)
+    sandbox: str = "none"
+    """How the ranks were confined, in words."""
+    missing: list[str] = field(default_factory=list)
+    """Protections this host could not give (the report says so)."""
+    restarts: int = 0
+    seconds: float = 0.0
+
+
+def _set_subreaper(on: bool) -> bool:
+    """Make this process the child subreaper of the sandbox's orphans (on) or stop being one;
+    returns whether it was one before. Left on after a grade, every orphaned grandchild of
+    anything the caller starts later (a test's SLURM daemons) would become a zombie of the
+    caller that nobody reaps."""
+    try:
+        libc = ctypes.CDLL(None)
+        was = ctypes.c_int(0)
+        libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+        return bool(was.value)
+    except (AttributeError, OSError):
+        return False
+
+
+def _raise_open_files() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 8192 if hard == resource.RLIM_INFINITY else min(8192, hard)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def describe(confined: dict, group: PidsGroup | None, uid: int | None,
+             scratch_tmpfs: bool) -> tuple[str, list[str]]:
+    """(what the sandbox was, what it lacked) from rank 0's confinement report."""
+    have, missing = [], []
+    abi = int(confined.get("landlock", 0) or 0)
+    if abi:
+        have.append(f"landlock v{abi} ({', '.join(confined.get('features', []))})")
+        if abi < 4:
+            missing.append("Landlock TCP rules (kernel < 6.7)")
+        if abi < 6:
+            missing.append("Landlock signal and abstract-socket scopes (kernel < 6.12)")
+    else:
+        missing.append("Landlock (a rank can read every file its user can)")
+    how = confined.get("namespaces") or ""
+    (have if how else missing).append(f"network and IPC namespace per rank ({how})" if how else
+                                      "network and IPC namespaces per rank")
+    (have if confined.get("seccomp") else missing).append("seccomp filter")
+    if uid is not None:
+        have.append(f"uid {uid}")
+    elif confined.get("capabilities"):
+        missing.append("dropping capabilities")
+    else:
+        have.append("no capabilities")
+    (have if group is not None else missing).append("pids cgroup")
+    (have if scratch_tmpfs else missing).append("tmpfs scratch folders")
+    return ", ".join(have), missing
+
+
+def run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Path) -> RunResult:
+    """Run every launch of `plans` (in order) in the sandbox; see the module docstring. The
+    caller is the child subreaper during the call only (the flag it had is restored)."""
+    was_subreaper = _set_subreaper(True)
+    try:
+        return _run_session(job, plans, limits, workdir)
+    finally:
+        _set_subreaper(was_subreaper)
+
+
+def _run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Path) -> RunResult:
+    _raise_open_files()
+    theirs = frozenset(children_of(os.getpid()))
+    uid = sandbox_uid()
+    start = time.monotonic()
+    deadline = start + limits.wall_s
+    result = RunResult()
+    grade_group = PidsGroup.create(f"autograder-{os.getpid()}-{time.monotonic_ns()}",
+                                   limits.processes + 8)
+    server_group = grade_group.child("server") if grade_group else None
+    server: ForkServer | None = None
+    skip: dict[int, Failure] = {}
+    confined: dict | None = None
+    try:
+        for number, plan in enumerate(plans):
+            key = plan.key
+            if key.check in skip:
+                result.records[key] = GroupRecord(key, failure=skip[key.check])
+                continue
+            if time.monotonic() >= deadline:
+                result.records[key] = GroupRecord(key, failure=Failure(
+                    "wall_limit", f"Not run: the grade used up its total budget of "
+                                  f"{limits.wall_s:g} s."))
+                continue
+            try:
+                if server is None or not server.alive():
+                    if server is not None:
+                        server.stop()
+                        result.restarts += 1
+                    server = ForkServer(group=server_group, deadline=deadline, gpus=job.gpus,
+                                        log=workdir / "fork-server.log")
+                record, seen = run_launch(server, job, plan, limits, workdir=workdir,
+                                          number=number, uid=uid, grade_group=grade_group,
+                                          theirs=theirs, deadline=deadline)
+                confined = confined or seen or None
+            except ServerLost as err:
+                record = GroupRecord(key, failure=Failure(
+                    "skipped", f"Not run: the grader's fork server stopped ({err})."))
+                if server is not None:
+                    server.stop()
+                server = None
+                result.restarts += 1
+            result.records[key] = record
+            failure = record.failure
+            if failure is not None and failure.kind in ("timeout",) + LIMIT_KINDS:
+                skip[key.check] = Failure("skipped", f"Not run: this check's launch at "
+                                                     f"{key.world_size} ranks ended with "
+                                                     f"{failure.kind}.")
+    finally:
+        if server is not None:
+            server.stop()
+        if grade_group is not None:
+            grade_group.kill_all()
+        reap(theirs)
+    if confined is not None:
+        result.sandbox, result.missing = describe(confined, grade_group, uid,
+                                                  bool(confined.get("tmpfs")))
+    result.seconds = time.monotonic() - start
+    return result
+
+
+__all__ = ["RunResult", "describe", "run_session"]

@@ -1,0 +1,100 @@
+"""Lab 07's inputs and rank-side calls: how each check calls the student's capacity rule,
+dispatch and combine.
+
+Imported by the grader, which makes every rank's tensors with `make_inputs` from a seed derived
+from the grade's secret, and copied into the sandbox (as `_lab_harness`), where each rank
+receives its own alone. Holds no answers: the "moe" call runs the router (softmax, top-k, gates
+renormalised over the k: the course's router, lesson 13) and the experts (GELU MLPs) itself,
+and the student's pieces in between; the exchanges go through the grader's courier, which
+records them per section (``forward``, ``backward``), so bytes and messages are the courier's.
+
+A case is a dict: ``world_size``, ``kind`` ("capacity", "keep" or "moe") and ``seed``; for
+"capacity" ``table`` ([tokens, experts, top_k, capacity_factor] rows); for "keep" ``tokens``,
+``experts``, ``top_k``, ``capacity`` and ``hot`` (weight of expert 0 in the draws, to make it
+overflow); for "moe" ``d``, ``f``, ``experts``, ``top_k``, ``capacity_factor`` and ``tokens``
+(per rank: uneven).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def _rand(gen: torch.Generator, shape, bound: float) -> torch.Tensor:
+    # Drawn in the grader on the CPU generator: the same numbers whatever the ranks' device.
+    return (2 * torch.rand(tuple(shape), generator=gen, dtype=torch.float64, device=gen.device)
+            - 1) * bound
+
+
+def make_inputs(case: dict, world_size: int) -> list[dict]:
+    """Per rank, the draws of one case (the grader's expected values use the same)."""
+    seed, kind = int(case.get("seed", 0)), case["kind"]
+    shared = torch.Generator().manual_seed(seed * 7919 + 1)
+    if kind == "capacity":
+        return [{}] * world_size
+    if kind == "keep":
+        weights = torch.ones(case["experts"], dtype=torch.float64, device=shared.device)
+        weights[0] = case["hot"]
+        expert = torch.stack([torch.multinomial(weights, case["top_k"], generator=shared)
+                              for _ in range(case["tokens"])])
+        return [{"expert": expert}] * world_size
+    d, f, e = case["d"], case["f"], case["experts"]
+    weights = {"router": _rand(shared, (e, d), d ** -0.5),  # nn.Linear's bound 1/√fan_in
+               "w1": _rand(shared, (e, d, f), d ** -0.5), "b1": _rand(shared, (e, f), d ** -0.5),
+               "w2": _rand(shared, (e, f, d), f ** -0.5), "b2": _rand(shared, (e, d), f ** -0.5)}
+    own = [torch.Generator().manual_seed(seed * 7919 + 101 + r) for r in range(world_size)]
+    return [{**weights, "x": _rand(g, (t, d), 1.0), "g": _rand(g, (t, d), 1.0)}
+            for g, t in zip(own, case["tokens"])]
+
+
+def _capacity(student, call):
+    return {"capacity": [student.expert_capacity(t, e, top_k=k, capacity_factor=cf)
+                         for t, e, k, cf in call.case["table"]]}
+
+
+def _keep(student, call):
+    c = call.case
+    kept = student.keep(call.inputs["expert"].to(call.device), c["experts"], c["capacity"])
+    return {"kept": kept.detach().cpu().clone() if isinstance(kept, torch.Tensor) else None}
+
+
+def _experts(rows, counts, w, first):
+    """This rank's experts on their rows, `counts[i]` for local expert i (GELU MLPs)."""
+    out, start = [], 0
+    for i, n in enumerate(counts):
+        e, h = first + i, rows[start:start + n]
+        out.append(F.gelu(h @ w["w1"][e] + w["b1"][e]) @ w["w2"][e] + w["b2"][e])
+        start += n
+    return torch.cat(out)
+
+
+def _moe(student, call):
+    c, dev = call.case, call.device
+    i = {k: v.to(dev) for k, v in call.inputs.items()}
+    e, k, p = c["experts"], c["top_k"], call.world_size
+    local = e // p
+    w = {n: i[n].clone().requires_grad_() for n in ("router", "w1", "b1", "w2", "b2")}
+    x = i["x"].clone().requires_grad_()
+    probs = torch.softmax(x @ w["router"].T, dim=-1)
+    top, expert = probs.topk(k, dim=-1)
+    gate = top if k == 1 else top / top.sum(-1, keepdim=True)
+    capacity = student.expert_capacity(x.shape[0], e, top_k=k, capacity_factor=c["capacity_factor"])
+    kept = student.keep(expert, e, capacity)
+    with call.section("forward"):
+        sent = student.dispatch(x, expert, kept, num_experts=e, group=dist.group.WORLD)
+        out = _experts(sent.rows, sent.counts, w, call.rank * local)
+        y = student.combine(out, gate, sent)
+    with call.section("backward"):
+        y.backward(i["g"])
+    mine = slice(call.rank * local, (call.rank + 1) * local)
+    grads = {n: (w[n].grad if w[n].grad is not None else torch.zeros_like(w[n]))
+             for n in w}
+    return {"y": y.detach().clone(), "x_grad": x.grad.clone() if x.grad is not None else None,
+            "router_grad": grads["router"].clone(),
+            "expert_grads": {n: grads[n][mine].clone() for n in ("w1", "b1", "w2", "b2")},
+            "kept": kept.detach().clone(), "counts": list(sent.counts)}
+
+
+CALLS = {"capacity": _capacity, "keep": _keep, "moe": _moe}

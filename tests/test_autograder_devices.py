@@ -1,0 +1,120 @@
+"""Grading on GPUs, the parts that run here (issue 18): which device a grade gets, disjoint GPU
+sets for concurrent grades, the environment a grade and its ranks would get, what a CUDA rank
+may open, and a clear error, before anything starts, when --device cuda meets a machine without
+GPUs. Grading labs on real GPUs is tests/test_gpu_grading.py (skipped without GPUs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from autograder.batch import grade_command
+from autograder.cli import main as cli
+from autograder.devices import gpu_sets, grade_env, rank_device, resolve_device, visible_gpus
+from autograder.grade import grade, max_ranks
+from autograder.lab import load_lab
+from autograder.sandbox.channel import pack, unpack
+from autograder.sandbox.confine import rank_env
+from autograder.sandbox.paths import rank_paths
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "labs" / "01_collectives" / "collectives.py"
+
+
+def test_visible_gpus_follow_cuda_visible_devices():
+    assert visible_gpus({}, count=4) == [0, 1, 2, 3]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, count=4) == [4, 5, 6, 7]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, count=4) == []
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}, count=0) == []  # a CPU build
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES must list GPU numbers"):
+        visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-5f3e"}, count=1)
+
+
+def test_the_device_is_resolved_from_the_gpus_and_the_lab_s_ranks():
+    assert resolve_device("cpu", gpus=8, ranks=4) == "cpu"
+    assert resolve_device("auto", gpus=0, ranks=4) == "cpu"
+    assert resolve_device("auto", gpus=3, ranks=4) == "cpu"
+    assert resolve_device("auto", gpus=4, ranks=4) == "cuda"
+    assert resolve_device("cuda", gpus=4, ranks=4) == "cuda"
+    with pytest.raises(ValueError, match=r"no CUDA GPU is visible.*--device cpu"):
+        resolve_device("cuda", gpus=0, ranks=4)
+    with pytest.raises(ValueError, match=r"up to 4 ranks, one GPU each.*--gpus-per-grade 4"):
+        resolve_device("cuda", gpus=2, ranks=4)
+    with pytest.raises(ValueError, match="--device must be one of cpu, cuda, auto"):
+        resolve_device("tpu", gpus=0, ranks=1)
+
+
+def test_concurrent_grades_get_disjoint_gpu_sets_and_never_more_grades_than_sets():
+    eight = list(range(8))
+    assert gpu_sets(eight, per_grade=4, jobs=3) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert gpu_sets(eight, per_grade=2, jobs=2) == [[0, 1], [2, 3]]
+    sets = gpu_sets([3, 5, 6, 7, 9], per_grade=2, jobs=8)
+    assert sets == [[3, 5], [6, 7]]
+    flat = [g for s in sets for g in s]
+    assert len(flat) == len(set(flat))
+    with pytest.raises(ValueError, match="only 2 GPU"):
+        gpu_sets([0, 1], per_grade=4, jobs=1)
+    with pytest.raises(ValueError, match="--gpus-per-grade must be an int >= 1"):
+        gpu_sets(eight, per_grade=0, jobs=1)
+
+
+def test_the_environment_of_a_grade_and_of_its_ranks():
+    assert grade_env("cpu") == {"CUDA_VISIBLE_DEVICES": ""}
+    assert grade_env("cuda", [4, 5, 6, 7]) == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    with pytest.raises(ValueError, match="needs its GPU set"):
+        grade_env("cuda", [])
+    assert [rank_device("cuda", r) for r in range(3)] == ["cuda:0", "cuda:1", "cuda:2"]
+    assert rank_device("cpu", 3) == "cpu"
+    spec = {"home": "/tmp/h", "rank": 1, "world_size": 4, "gpus": "4,5,6,7"}
+    assert rank_env({**spec, "device": "cuda:1"})["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    assert rank_env({**spec, "device": "cpu"})["CUDA_VISIBLE_DEVICES"] == ""
+    assert rank_env({**spec, "device": "cuda:1"})["RANK"] == "1"
+    cmd, env = grade_command(Path("s1"), Path("labs/02_ddp"), Path("r.json"), "cuda", [2, 3])
+    assert cmd[-2:] == ["--device", "cuda"] and env["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+def test_a_cuda_rank_may_open_the_gpu_nodes_only_on_a_cuda_grade(tmp_path):
+    cpu_read, cpu_write, _ = rank_paths(tmp_path, tmp_path / "home")
+    gpu_read, gpu_write, _ = rank_paths(tmp_path, tmp_path / "home", gpu=True)
+    assert cpu_write == [str(tmp_path / "home"), "/dev/null"]
+    added = set(gpu_write) - set(cpu_write)
+    assert all(p.startswith("/dev/nvidia") and Path(p).exists() for p in added)
+    assert not any("nvidia" in p for p in cpu_read + cpu_write)
+
+
+def test_tensors_are_encoded_as_cpu_copies_on_any_device():
+    """What a rank sends back is bytes of a CPU copy (a meta tensor has none: refused)."""
+    tree, data = pack({"y": torch.arange(6.0).reshape(2, 3)})
+    back = unpack(tree, data)["y"]
+    assert back.device.type == "cpu" and back.tolist() == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(NotImplementedError):
+        pack(torch.empty(3, device="meta"))
+
+
+def test_grade_refuses_a_device_the_lab_does_not_run_on(tmp_path):
+    lab04 = load_lab(ROOT / "labs" / "04_pipeline_schedule")
+    assert lab04.info.devices == ("cpu",)
+    with pytest.raises(ValueError, match="runs on cpu only"):
+        grade(lab04, tmp_path, device="cuda", gpus=[0, 1, 2, 3])
+    lab01 = load_lab(ROOT / "labs" / "01_collectives")
+    assert max_ranks(lab01) == 4
+    with pytest.raises(ValueError, match="needs 4 GPUs"):
+        grade(lab01, REFERENCE, device="cuda", gpus=[0])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with GPUs")
+def test_cuda_without_gpus_is_a_clear_error_before_anything_starts(tmp_path, capsys):
+    json_out = tmp_path / "r.json"
+    code = cli(["grade", str(REFERENCE), "--lab", "01_collectives", "--device", "cuda",
+                "--json", str(json_out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "no CUDA GPU is visible" in err and "--device cpu" in err
+    assert not json_out.exists()  # refused before grading: nothing to report
+    code = cli(["batch", str(tmp_path), "--lab", "01_collectives", "--device", "cuda",
+                "--gpus-per-grade", "4", "--out", str(tmp_path / "out")])
+    assert code == 2 and "no CUDA GPU is visible" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    code = cli(["batch", str(tmp_path), "--lab", "01_collectives", "--gpus-per-grade", "4"])
+    assert code == 2 and "add --device cuda" in capsys.readouterr().err

@@ -1,0 +1,93 @@
+"""Fair to every correct solution (issue 19, section 5): independent correct solutions of labs
+02-05, written from the student editions and kept in tests/fairness/, score 100 with the hidden
+checks; the feedback on the usual mistakes names them; a lab slug never resolves to a student
+copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from faultkit import ROOT, run_grade
+
+from autograder.cli import _resolve
+from autograder.grade import grade
+from autograder.lab import CaseResult, find_lab, load_lab
+
+FAIRNESS = ROOT / "tests" / "fairness"
+
+
+def _solution(lab: str, base: str, variant: str | None, folder: Path) -> Path:
+    text = (FAIRNESS / lab / base).read_text()
+    if variant:
+        text += f"\n\n# ---- variant: {variant} ----\n\n"
+        text += (FAIRNESS / lab / f"{variant}.py").read_text()
+    path = folder / (variant or "plain") / base
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.multirank
+@pytest.mark.slow
+@pytest.mark.parametrize("lab, base, variant", [
+    ("02_ddp", "ddp.py", "barrier_in_finish"),
+    ("02_ddp", "ddp.py", "wait_all_futures"),
+    ("03_sharded_optimizer", "sharding.py", None),
+    ("04_pipeline_schedule", "schedules.py", None),
+    ("05_tensor_parallel_mlp", "tp_mlp.py", None),
+])
+def test_independent_solutions_score_full_marks(lab, base, variant, tmp_path):
+    path = _solution(lab, base, variant, tmp_path / "subs")
+    result, _ = run_grade(load_lab(ROOT / "labs" / lab), path, tmp_path)
+    assert [(c.check.name, c.kind, c.message) for c in result.checks if not c.ok] == []
+    assert result.score == result.max_score == 100
+
+
+def _judge(lab: str, index_of_call: str):
+    checks = load_lab(ROOT / "labs" / lab).checks
+    return next(c for c in checks if c.call == index_of_call).judge.__globals__
+
+
+def test_bubble_ratio_mixup_is_named():
+    """(p−1)/m is the bubble's ratio to the ideal compute time, not the idle fraction."""
+    judge = _judge("04_pipeline_schedule", "bubble")["judge_bubble_formula"]
+    case = {"world_size": 1, "fn": "bubble", "p": 4, "m": 8}
+    verdict = judge(CaseResult(case, 1, [(4, 8)], [3 / 8], []))
+    assert not verdict.passed
+    assert "(p−1)/m" in verdict.message and "ideal compute time" in verdict.message
+    assert "(p−1)/(m+p−1)" in verdict.message
+    right = judge(CaseResult(case, 1, [(4, 8)], [3 / 11], []))
+    assert right.passed
+
+
+def test_a_refused_collective_says_what_the_lab_allows():
+    lab01 = load_lab(ROOT / "labs" / "01_collectives").info
+    lab03 = load_lab(ROOT / "labs" / "03_sharded_optimizer").info
+    assert "build it from send/recv" in lab01.refusal().format(op="all_reduce")
+    said = lab03.refusal().format(op="all_to_all")
+    assert "allows" in said and "reduce_scatter_tensor" in said and "send/recv" not in said
+    assert {"reduce_scatter_single", "all_gather_single"} <= lab03.allowed_ops
+
+
+def test_a_slug_resolves_in_the_labs_root_only(tmp_path, monkeypatch):
+    """A student copy named like the lab in the current folder is never taken for the lab."""
+    copy = tmp_path / "01_collectives"
+    copy.mkdir()
+    (copy / "checks.py").write_text("raise SystemExit('the student copy was loaded')\n")
+    (copy / "collectives.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    lab_dir, _ = _resolve(Path("collectives.py"), "01_collectives")
+    assert lab_dir == (ROOT / "labs" / "01_collectives").resolve()
+    assert find_lab("./01_collectives") == copy.resolve()  # a path, taken as given
+    with pytest.raises(ValueError, match="not a lab folder"):
+        find_lab("./nowhere")
+
+
+def test_the_report_says_when_hidden_checks_did_not_run(tmp_path):
+    bad = tmp_path / "collectives.py"
+    bad.write_text("def ring_all_reduce(t:\n")
+    visible_only = grade(load_lab(ROOT / "labs" / "01_collectives", hidden=False), bad)
+    assert any("Hidden checks were not run" in n for n in visible_only.notes)
+    everything = grade(load_lab(ROOT / "labs" / "01_collectives"), bad)
+    assert not any("Hidden checks" in n for n in everything.notes)

@@ -1,0 +1,40 @@
+"""Lab 07's feedback names the usual mistakes of expert parallelism (issue 17): each fault file
+in tests/faults/07_expert_parallel/ is the reference with one mistake appended (the later
+definition wins); graded on the one visible check that must catch it (one case, real ranks for
+the layer), it scores zero there with a message that names the mistake. The reference's full
+marks, the release and the stubs are tested with every lab in test_autograder.py."""
+
+from __future__ import annotations
+
+import pytest
+from faultkit import ROOT, assert_failed, grade_fault_on_check
+
+LAB_DIR = ROOT / "labs" / "07_expert_parallel"
+FAULTS = ROOT / "tests" / "faults" / "07_expert_parallel"
+
+# fault -> (the check's name prefix, the failure kind, regexes its message must match)
+CASES = {
+    "capacity_floor": ("expert_capacity", "wrong_result",
+                       [r"floor instead of ceil", r"expert_capacity\(10, 4, top_k=1"]),
+    "capacity_off_by_one": ("keep", "wrong_result",
+                            [r"capacity off by one", r"keep slot < C", r"dropped \d+ choices"]),
+    "wrong_drop_order": ("keep", "wrong_result",
+                         [r"tokens dropped in the wrong order", r"first choice before any "
+                                                                r"second choice"]),
+    "combine_without_gates": ("dispatch/combine: outputs", "wrong_result",
+                              [r"combine without gate weights"]),
+    "backward_splits_not_swapped": ("dispatch/combine: outputs", "exception",
+                                    [r"send it back with the splits swapped"]),
+}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("fault", sorted(CASES))
+def test_the_usual_mistake_is_named(fault, tmp_path):
+    prefix, kind, says = CASES[fault]
+    check = grade_fault_on_check(LAB_DIR, FAULTS, fault, prefix, tmp_path)
+    assert_failed(check, kind, *says)
+
+
+def test_every_fault_file_has_a_case():
+    assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES)
