@@ -186,9 +186,10 @@ def judge_zb_memory(r: CaseResult) -> Verdict:
                                   f"min(p − r, m) = {min(p - stage, m)} (p = {p}, m = {m}): start "
                                   "the B ops earlier")
         if held[stage] > min(p, m):
-            why = (" Every W runs after the stage's last B: that is 1F1B with W's memory on top, "
-                   "not ZB-H1; run each W soon after its B (stage r: W of micro-batch j right "
-                   "after the B of micro-batch j + r)." if bunched else " Run the W ops sooner.")
+            why = (" Every W is put off until after the stage's last B: the stage keeps every "
+                   "micro-batch's W inputs until then, more than 1F1B ever holds; ZB-H1 runs "
+                   "each W soon after its B (stage r: the W of micro-batch j right after the B "
+                   "of micro-batch j + r)." if bunched else " Run the W ops sooner.")
             return Verdict(False, f"stage {stage} holds {held[stage]} micro-batches between their "
                                   f"F and their W at once; ZB-H1 holds no more than 1F1B's peak, "
                                   f"min(p, m) = {min(p, m)} (p = {p}, m = {m}).{why}")
@@ -207,9 +208,12 @@ def judge_zb_bubble(r: CaseResult) -> Verdict:
     want = pipeline.bubble_fraction("zb-h1", p=p, m=m, **times)
     if got > want + 1e-9:
         f, b, w = times.values()
-        unsplit = pipeline.bubble_fraction("1f1b", p=p, m=m)
-        like = (" That is 1F1B's bubble: the W ops do not fill the drain (run the last r W of "
-                "stage r after its last B)." if abs(got - unsplit) <= 1e-9 else "")
+        # A split backward whose W fill no gap: idle (p−1)(t_F + t_B) per stage.
+        unfilled = (p - 1) * (f + b) / (m * (f + b + w) + (p - 1) * (f + b))
+        like = (" That is (p−1)(t_F + t_B) per stage: B and W are split but the W ops fill none "
+                "of the drain (ZB-H1: on stage r, the W of micro-batch j right after the B of "
+                "j + r, the last r W ops after the last B)." if abs(got - unfilled) <= 1e-9
+                else "")
         return Verdict(False, f"simulated with t_F = {f:g}, t_B = {b:g}, t_W = {w:g}, stages are "
                               f"idle {got:.1%} of the step; ZB-H1's bubble is (p−1)(t_F + t_B − "
                               f"t_W) per stage, {want:.1%} of the step (p = {p}, m = {m}).{like}")
