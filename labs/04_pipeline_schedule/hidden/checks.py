@@ -33,6 +33,6 @@ CHECKS = [
           zb_cases(ZB_SHAPES, (2.0, 1.0, 1.0), seed=600)
           + zb_cases(ZB_SHAPES, (1.0, 2.0, 1.0), seed=610)
           + zb_cases(ZB_SHAPES, (1.5, 1.0, 0.5), seed=620), visible.judge_zb_bubble),
-    Check("zb_h1 on real ranks: m < p, four stages", 3, "schedule",
+    Check("zb_h1 on real ranks: m < p on four stages, and two stages", 3, "schedule",
           zb_cases([(4, 2), (2, 5)], seed=700), visible.judge_zb_real_ranks, timeout=30),
 ]
