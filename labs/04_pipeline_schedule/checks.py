@@ -152,13 +152,13 @@ def zb_cases(pms, times=(1.0, 1.0, 1.0), seed: int = 0) -> tuple[dict, ...]:
 
 def _zb_schedule(r: CaseResult) -> tuple[pipeline.Schedule | None, str]:
     """A valid schedule whose backward is split: every B has its W."""
-    schedule, why = _schedule(r)
-    if schedule is not None and not schedule.split:
-        p, m = schedule.p, schedule.m
+    split, why = _schedule(r)
+    if split is not None and not split.split:
+        p, m = split.p, split.m
         return None, (f"zb_h1({p}, {m}) has no W op: ZB-H1 splits each backward into B (input "
                       f"gradient, \"B3\") and W (weight gradient, \"W3\"), and every stage "
                       f"runs both for every micro-batch (p = {p}, m = {m})")
-    return schedule, why
+    return split, why
 
 
 def judge_zb_valid(r: CaseResult) -> Verdict:
@@ -176,8 +176,7 @@ def judge_zb_memory(r: CaseResult) -> Verdict:
     p, m = schedule.p, schedule.m
     whole = pipeline.peak_held(schedule, weight_share=0.0)    # between F and B
     held = pipeline.in_flight(schedule)                       # between F and W
-    for stage in range(p):
-        ops = schedule.stages[stage]
+    for stage, ops in enumerate(schedule.stages):
         last_b = max(i for i, op in enumerate(ops) if op.kind == "B")
         bunched = all(i > last_b for i, op in enumerate(ops) if op.kind == "W")
         if whole[stage] > min(p - stage, m):
