@@ -141,7 +141,7 @@ def judge_real_ranks(r: CaseResult) -> Verdict:
     return Verdict(True)
 
 
-# --- the zero-bubble part: ZB-H1 (Qi et al., ICLR 2024) --------------------------------------------
+# --- the zero-bubble part: ZB-H1 (Qi et al., ICLR 2024) -----------------------------------------
 
 def zb_cases(pms, times=(1.0, 1.0, 1.0), seed: int = 0) -> tuple[dict, ...]:
     """ZB-H1 cases: (p, m) and the op times (t_F, t_B, t_W) the simulator uses."""
