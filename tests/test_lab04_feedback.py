@@ -13,6 +13,8 @@ import pytest
 from faultkit import ROOT, assert_failed, assert_passed, run_grade, source, submission
 
 from autograder.lab import load_lab
+from autograder.sandbox.rank import load_module
+from toolkit import pipeline
 
 LAB_DIR = ROOT / "labs" / "04_pipeline_schedule"
 FAULTS = ROOT / "tests" / "faults" / "04_pipeline_schedule"
@@ -60,3 +62,22 @@ def test_the_usual_zero_bubble_mistake_is_named(fault, tmp_path):
 
 def test_every_fault_file_has_a_case():
     assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES)
+
+
+def test_the_zero_bubble_checks_ask_what_the_paper_promises():
+    """Every case of the ZB-H1 bubble checks (visible and hidden) is one where the toolkit's
+    ZB-H1 simulates to exactly the paper's (p−1)(t_F + t_B − t_W) (m >= p, t_W <= t_F, t_B),
+    and the reference in the lab's student file is the toolkit's schedule, op for op."""
+    lab = load_lab(LAB_DIR)
+    bubble = [c for c in lab.checks if c.judge.__name__ == "judge_zb_bubble"]
+    assert [c.visible for c in bubble] == [True, False]
+    reference = load_module(LAB_DIR / "schedules.py", "_test_lab04_reference")
+    for case in (case for check in bubble for case in check.cases):
+        p, m = case["p"], case["m"]
+        times = {k: case[k] for k in ("forward", "backward", "weight")}
+        assert m >= p and times["weight"] <= min(times["forward"], times["backward"])
+        got = pipeline.simulate(pipeline.zb_h1(p, m), **times).bubble
+        assert got == pytest.approx(pipeline.bubble_fraction("zb-h1", p=p, m=m, **times),
+                                    abs=1e-12)
+        assert reference.zb_h1(p, m) == [[str(op) for op in ops]
+                                         for ops in pipeline.zb_h1(p, m).stages]
