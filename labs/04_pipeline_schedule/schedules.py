@@ -7,6 +7,10 @@ checks them with the course's validator, simulates their bubble, and runs them o
 (`toolkit.pipeline.run_pipeline`), so a stage that waits for a message nobody sends, or a
 backward before its forward, is reported in words.
 
+The zero-bubble part (`zb_h1`) splits each backward in two: "B3" computes the gradient of the
+stage's input for micro-batch 3 (the previous stage waits for it), "W3" the gradient of the
+stage's weights (nobody waits for it until the optimizer step).
+
 Run `autograder grade labs/04_pipeline_schedule/` to check your work (README.md explains each
 check); `playground.ipynb` draws your schedules as Gantt charts.
 """
@@ -45,6 +49,30 @@ def one_f_one_b(p: int, m: int) -> list[list[str]]:
     ### END SOLUTION
     ### HINT: stage r first runs min(p - 1 - r, m) forwards; then, while forwards remain, one
     ### HINT: forward and the oldest waiting backward; then the remaining backwards in order.
+
+
+def zb_h1(p: int, m: int) -> list[list[str]]:
+    """ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, section 2.1): 1F1B's
+    F and B order on every stage, with each W placed so that the W fill the drain where 1F1B
+    idles: stage r runs the W of micro-batch j right after its B of micro-batch j + r (the W
+    left over, those with j + r >= m, run last, in order). Stage r then holds at most p − r
+    micro-batches between F and B, as 1F1B does, and r more between B and W (p in all, as
+    1F1B's stage 0)."""
+    ### BEGIN SOLUTION
+    schedule = []
+    for stage, row in enumerate(one_f_one_b(p, m)):
+        ops, owed = [], 0               # owed: the next micro-batch whose W has not run
+        for op in row:
+            ops.append(op)
+            if op.startswith("B") and int(op[1:]) >= stage:
+                ops.append(f"W{owed}")  # the W of micro-batch (this B's) − stage
+                owed += 1
+        ops += [f"W{j}" for j in range(owed, m)]
+        schedule.append(ops)
+    return schedule
+    ### END SOLUTION
+    ### HINT: start from your one_f_one_b(p, m); on stage r, after "Bk" with k >= r, insert
+    ### HINT: "W(k - r)"; then append the W not yet placed, in micro-batch order.
 
 
 def bubble_fraction(p: int, m: int) -> float:

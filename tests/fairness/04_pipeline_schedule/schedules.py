@@ -1,6 +1,9 @@
 """An independent correct solution of lab 04, written from the student edition: schedules
 built by simulating each stage's queue of ready work (not the reference's warm-up / steady /
-drain loop), tuples instead of lists, and the bubble counted in slots."""
+drain loop), tuples instead of lists, and the bubble counted in slots. ZB-H1 as a budget of
+pending weight gradients: stage r lets at most r of them wait (a queue), so a W runs only when
+the queue would overflow, and the drain flushes it (not the reference's "W of j after B of
+j + r")."""
 
 from __future__ import annotations
 
@@ -30,6 +33,22 @@ def one_f_one_b(p: int, m: int) -> list[list[str]]:
             waiting.append(i)
             ops.append(f"B{waiting.popleft()}")
         ops.extend(f"B{i}" for i in waiting)
+        out.append(ops)
+    return out
+
+
+def zb_h1(p: int, m: int) -> list[list[str]]:
+    out = []
+    for stage, row in enumerate(one_f_one_b(p, m)):
+        pending = deque()              # micro-batches through B whose W has not run
+        ops = []
+        for op in row:
+            ops.append(op)
+            if op[0] == "B":
+                pending.append(int(op[1:]))
+                if len(pending) > stage:
+                    ops.append(f"W{pending.popleft()}")
+        ops.extend(f"W{i}" for i in pending)
         out.append(ops)
     return out
 
