@@ -14,7 +14,13 @@ namespaces give each rank its own. What neither sees, and the filter refuses wit
 * new namespaces (``unshare``, ``setns``, ``clone`` with a ``CLONE_NEW*`` flag; ``clone3``
   answers ENOSYS so the C library falls back to ``clone``), ``io_uring`` (it can open
   sockets without calling ``socket``), ``ptrace``, ``process_vm_readv/writev``,
-  ``pidfd_getfd``, ``perf_event_open``, ``bpf``, ``userfaultfd``.
+  ``pidfd_getfd``, ``perf_event_open``, ``bpf``, ``userfaultfd``;
+* calls that act on another process by pid (ranks may run as the grader's own uid, where the
+  kernel lets one process of a uid change another's): ``pidfd_open``, ``pidfd_send_signal``,
+  ``process_madvise``, ``process_mrelease``, ``kcmp``, ``ioprio_set``, and ``prlimit64``,
+  ``sched_setscheduler``, ``sched_setparam``, ``sched_setattr``, ``migrate_pages``,
+  ``move_pages`` unless their pid is 0 (the caller). The red team lowered the grader's
+  RLIMIT_CPU from a rank with ``prlimit`` and the grader died of SIGXCPU.
 
 A 32-bit or x32 system call (another table, where these numbers mean other calls) is refused
 outright. Numbers are given for x86_64 and aarch64; elsewhere `install` returns False and the
@@ -42,7 +48,14 @@ _CALLS = {
     "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
     "perf_event_open": (298, 241), "bpf": (321, 280), "userfaultfd": (323, 282),
     "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
-    "pidfd_getfd": (438, 438),
+    "pidfd_getfd": (438, 438), "pidfd_open": (434, 434), "pidfd_send_signal": (424, 424),
+    "process_madvise": (440, 440), "process_mrelease": (448, 448), "kcmp": (312, 272),
+    "ioprio_set": (251, 30),
+}
+# name -> (x86_64, aarch64): allowed on the caller only (first argument, the pid, is 0).
+_SELF_ONLY = {
+    "prlimit64": (302, 261), "sched_setscheduler": (144, 119), "sched_setparam": (142, 118),
+    "sched_setattr": (314, 274), "migrate_pages": (256, 238), "move_pages": (279, 239),
 }
 _FCNTL, _CLONE, _CLONE3 = (72, 25), (56, 220), (435, 435)
 # fcntl commands: record locks (F_GETLK..F_SETLKW, the OFD forms), leases, directory notices.
@@ -73,6 +86,9 @@ def program(machine: str | None = None) -> list[tuple[int, int, int, int]] | Non
     for numbers in _CALLS.values():
         if numbers[col] is not None:
             out += [_ins(_JEQ, 0, 1, numbers[col]), deny]
+    self_only = [_ins(_LD_W_ABS, k=_ARG0), _ins(_JEQ, 1, 0, 0), deny, _ins(_LD_W_ABS, k=_NR)]
+    for numbers in _SELF_ONLY.values():
+        out += [_ins(_JEQ, 0, len(self_only), numbers[col])] + self_only
     fcntl = [_ins(_LD_W_ABS, k=_ARG1)]
     for cmd in _FCNTL_REFUSED:
         fcntl += [_ins(_JEQ, 0, 1, cmd), deny]
