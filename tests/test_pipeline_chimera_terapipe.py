@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline_reference import reference
+
 from toolkit import comm
 from toolkit.cost.bubble import terapipe_time
 from toolkit.cost.token_slices import best_slicing, slice_times
@@ -134,17 +136,6 @@ def test_best_slicing_beats_every_equal_cut_and_covers_the_sequence():
 
 # --- real ranks ---------------------------------------------------------------------------------
 
-def reference(layers, x, y):
-    for layer in layers:
-        if hasattr(layer, "start_sequence"):
-            layer.start_sequence()
-    model = nn.Sequential(*layers)
-    model.zero_grad()
-    loss = nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    grads = {n: q.grad.clone() for n, q in model.named_parameters() if q.requires_grad}
-    model.zero_grad()
-    return loss.item(), grads
 
 
 @pytest.mark.parametrize("p,m", [(2, 2), (4, 4), (4, 8), (2, 6)])

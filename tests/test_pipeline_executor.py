@@ -8,6 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline_reference import reference
+
 from toolkit import comm
 from toolkit.models import TinyMLP
 from toolkit.pipeline import (
@@ -17,15 +19,6 @@ from toolkit.pipeline import (
 TIMEOUT = 60
 
 
-def reference(layers, x, y):
-    """Loss and gradients of the unsplit model on the full batch (mean squared error)."""
-    model = nn.Sequential(*layers)
-    model.zero_grad()
-    loss = nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    grads = {n: prm.grad.clone() for n, prm in model.named_parameters() if prm.requires_grad}
-    model.zero_grad()
-    return loss.item(), grads
 
 
 def blocks(n: int, width: int = 6) -> list[nn.Module]:

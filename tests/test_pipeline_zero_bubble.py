@@ -11,6 +11,8 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline_reference import reference
+
 from toolkit import comm
 from toolkit.cost.bubble import bubble_time, step_time
 from toolkit.models import TinyMLP
@@ -151,14 +153,6 @@ def test_what_each_stage_holds():
 
 # --- real ranks ---------------------------------------------------------------------------------
 
-def reference(layers, x, y):
-    model = nn.Sequential(*layers)
-    model.zero_grad()
-    loss = nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    grads = {n: q.grad.clone() for n, q in model.named_parameters() if q.requires_grad}
-    model.zero_grad()
-    return loss.item(), grads
 
 
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (3, 5), (4, 2)])
