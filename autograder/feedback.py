@@ -25,6 +25,7 @@ import torch
 
 from .lab import CaseResult, Verdict
 from .sandbox.channel import FrameError, make_tensor
+from .sandbox.courier import KEEP_BYTES
 
 # Relative and absolute tolerances per dtype for sums of a few O(1) values in a different order
 # than the reference (float64): a few ulps for float32/64, the 8-bit mantissa of bfloat16.
@@ -137,16 +138,23 @@ def unexplained_message(r: CaseResult, bounds: Sequence[tuple[int, int]], *,
                         case: str = "") -> Verdict | None:
     """A failed verdict for the first message (as the courier saw it) whose values are not,
     for any chunk ``bounds[j]``, the sum of the inputs of one of `sets` of ranks (default:
-    every non-empty set); None when every message is explained. Messages whose bytes the
-    courier did not keep are skipped."""
+    every non-empty set); None when every message is explained. A message whose bytes the
+    courier did not keep (its per-launch keep limit was spent, e.g. by traffic outside the
+    checked calls) fails too: a check that cannot see a message's values cannot pass it."""
     p = r.world_size
     flats = [x.reshape(-1).double() for x in r.inputs]
     sets = sets or [s for k in range(1, p + 1) for s in itertools.combinations(range(p), k)]
     rtol, atol = TOLERANCE.get(r.inputs[0].dtype, (0.0, 0.0))
     for rank, traffic in enumerate(r.traffic):
         for k, op in enumerate(traffic.sends):
-            if op.data is None or not op.nbytes:
+            if not op.nbytes:
                 continue
+            if op.data is None:
+                return Verdict(False, f"rank {rank}'s message {k + 1} (to rank {op.peer}) could "
+                                      "not be checked: the ranks had sent more than the courier "
+                                      f"keeps per launch ({KEEP_BYTES >> 20} MiB) before it"
+                                      f"{f' ({case})' if case else ''}. Send only what the "
+                                      "collective needs, and nothing when the module is imported.")
             try:
                 got = make_tensor(op.dtype, list(op.shape), op.data).reshape(-1).double()
             except FrameError:

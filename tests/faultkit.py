@@ -44,6 +44,7 @@ SMALL = {
     "ar": (0, (_case(2, 8, 0),)),             # ring_all_reduce values, 2 ranks
     "ar4": (0, (_case(4, 8, 1),)),            # ring_all_reduce values, 4 ranks
     "ring": (1, (_case(2, 4096, 20),)),       # ring_all_reduce traffic (with values first)
+    "ring4": (1, (_case(4, 4096, 21),)),      # the same at 4 ranks (a star differs from a ring)
     "bcast": (2, (_case(3, 100, 30, src=1),)),
     "tree": (3, None),                        # binomial-tree traffic, 4 ranks, 2 roots
     "ag": (5, (_case(4, 12, 70),)),           # ring_all_gather values, 4 ranks

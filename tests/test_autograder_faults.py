@@ -78,6 +78,13 @@ CASES = {
     "root_capabilities": (["ar", "tree"], {"ar": "sandbox_violation"},
                           [r"Operation not permitted: '.*owned-"], set()),
     "recompute_from_seed": (["ar", "tree"], {"ar": "wrong_result"}, [r"wrong on ranks? "], set()),
+    # The red team's traffic cheats: per-peer facts and unkept bytes, not counts alone.
+    "hub_all_reduce": (["ring4", "tree"], {"ring4": "wrong_result"},
+                       [r"rank 0 sent to ranks \[1, 2, 3\]", r"one neighbour"], set()),
+    "chain_broadcast": (["bcast", "tree"], {"tree": "wrong_result"},
+                        [r"took 3 hops", r"⌈log₂ 4⌉ = 2", r"chain"], set()),
+    "keep_starved": (["ring", "ar"], {"ring": "wrong_result"},
+                     [r"could not be checked", r"keeps per launch \(64 MiB\)"], set()),
     # Recognised mistakes: partial scores, feedback that names the mistake.
     "mistake_averaged": (["ar", "tree"], {"ar": "wrong_result"}, [r"averaged instead of summed"],
                          set()),

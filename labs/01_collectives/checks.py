@@ -110,9 +110,40 @@ def _traffic(r: CaseResult, *, messages: int, factor: int, what: str) -> Verdict
     elif n >= p and any(m != messages for m in msgs):
         rank = next(i for i, m in enumerate(msgs) if m != messages)
         problem = f"rank {rank} sent {msgs[rank]} messages; expected {messages}"
+    problem = problem or _ring_problem(r, lo, hi)
     if problem:
         return Verdict(False, f"{problem} ({_label(r)}). {what}")
     return unexplained_message(r, chunk_bounds(n, p), case=_label(r)) or Verdict(True)
+
+
+def _ring_problem(r: CaseResult, lo: int, hi: int) -> str | None:
+    """What makes this traffic no ring, or None: in a ring every rank sends to one neighbour
+    and receives from the other, receives as many bytes as it sends (lo..hi), and following
+    "sends to" from rank 0 visits every rank once before coming back (one cycle of length p;
+    either direction, any order of ranks). Counts alone cannot tell a ring from a star whose
+    hub relays as many messages: these per-peer facts can."""
+    p = r.world_size
+    if p < 3:  # at p = 2 every exchange is between the only two ranks: any pattern is a ring
+        return None
+    to, came = {}, {}
+    for rank, t in enumerate(r.traffic):
+        dsts = sorted({o.peer for o in t.sends})
+        srcs = sorted({o.peer for o in t.receives})
+        if len(dsts) != 1 or len(srcs) != 1:
+            return (f"rank {rank} sent to ranks {dsts} and received from ranks {srcs}; in a "
+                    "ring each rank sends to one neighbour and receives from the other only")
+        if not lo <= t.bytes_received <= hi:
+            return (f"rank {rank} received {t.bytes_received:,} bytes; a ring rank receives "
+                    f"as much as it sends ({lo:,}" + (f" to {hi:,})" if hi != lo else ")"))
+        to[rank], came[rank] = dsts[0], srcs[0]
+    seen, rank = [], 0
+    while rank not in seen:
+        seen.append(rank)
+        rank = to[rank]
+    if len(seen) != p:
+        return (f"the ranks' messages go round {' → '.join(map(str, seen + [rank]))} without "
+                f"visiting all {p} ranks; a ring is one cycle through every rank")
+    return None
 
 
 def judge_ring_traffic(r: CaseResult) -> Verdict:
@@ -141,8 +172,27 @@ def judge_tree_traffic(r: CaseResult) -> Verdict:
                                   f"tree no rank sends more than ⌈log₂ {p}⌉ = {rounds} "
                                   f"({_label(r)}). One root sending to everyone is a linear "
                                   "broadcast, not a tree.")
+    depth = _tree_depth(r, src)
+    if depth > rounds:
+        return Verdict(False, f"the tensor took {depth} hops to reach the farthest rank; a "
+                              f"binomial tree reaches every rank in ⌈log₂ {p}⌉ = {rounds} rounds "
+                              f"({_label(r)}). Each rank that has the data should send it on "
+                              "in every round: a chain (root → root+1 → …) takes p − 1.")
     return unexplained_message(r, [(0, x.numel())], sets=[(src,)], case=_label(r)) \
         or Verdict(True)
+
+
+def _tree_depth(r: CaseResult, src: int) -> int:
+    """Hops from the root to the farthest rank, following who each rank received from (every
+    non-root received exactly once: checked before). A cycle counts as deeper than any tree."""
+    parent = {rank: t.receives[0].peer for rank, t in enumerate(r.traffic) if rank != src}
+    deepest = 0
+    for rank in parent:
+        hops, at = 0, rank
+        while at != src and hops <= r.world_size:
+            at, hops = parent.get(at, src), hops + 1
+        deepest = max(deepest, hops)
+    return deepest
 
 
 def judge_rs_traffic(r: CaseResult) -> Verdict:
