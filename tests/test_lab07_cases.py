@@ -69,7 +69,7 @@ def test_every_wrong_order_drops_other_choices(key, case):
                                                for order, _ in CHECKS["WRONG_ORDERS"]]
         for a, b in itertools.combinations([gshard] + masks, 2):
             assert not torch.equal(a, b), seeded["seed"]
-        for mask, (order, why) in zip(masks[1:], CHECKS["WRONG_ORDERS"]):
+        for mask, (_, why) in zip(masks[1:], CHECKS["WRONG_ORDERS"]):
             assert CHECKS["why_kept"](mask, expert, e, c) == \
                 f"tokens dropped in the wrong order: {why}"
         result = CaseResult(seeded, 1, [{"expert": expert}], [{"kept": wrong(expert, e, c)}], [])
