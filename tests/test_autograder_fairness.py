@@ -1,7 +1,7 @@
 """Fair to every correct solution (issue 19, section 5): independent correct solutions of labs
-02-05, written from the student editions and kept in tests/fairness/, score 100 with the hidden
-checks; the feedback on the usual mistakes names them; a lab slug never resolves to a student
-copy."""
+02-05 and 07, written from the student editions and kept in tests/fairness/, score 100 with the
+hidden checks; the feedback on the usual mistakes names them; a lab slug never resolves to a
+student copy."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ def _solution(lab: str, base: str, variant: str | None, folder: Path) -> Path:
     ("03_sharded_optimizer", "sharding.py", None),
     ("04_pipeline_schedule", "schedules.py", None),
     ("05_tensor_parallel_mlp", "tp_mlp.py", None),
+    ("07_expert_parallel", "moe_exchange.py", None),
 ])
 def test_independent_solutions_score_full_marks(lab, base, variant, tmp_path):
     path = _solution(lab, base, variant, tmp_path / "subs")

@@ -1,8 +1,11 @@
 """Lab 07's feedback names the usual mistakes of expert parallelism (issue 17): each fault file
 in tests/faults/07_expert_parallel/ is the reference with one mistake appended (the later
 definition wins); graded on the one visible check that must catch it (one case, real ranks for
-the layer), it scores zero there with a message that names the mistake. The reference's full
-marks, the release and the stubs are tested with every lab in test_autograder.py."""
+the layer), it scores zero there with a message that names the mistake, whatever the grade's
+secret: the wrong drop order and the unswapped backward are caught on laid-out cases
+(labs/07_expert_parallel/layouts.py; tests/test_lab07_cases.py checks the layouts over 200
+seeds). The reference's full marks, the release and the stubs are tested with every lab in
+test_autograder.py."""
 
 from __future__ import annotations
 
@@ -28,21 +31,8 @@ CASES = {
 }
 
 
-# Known gap: the checks' routing comes from the per-grade secret. When a rank's send and receive
-# splits happen to be equal an unswapped backward is correct; when the draw's drops do not depend
-# on the order, a wrong drop order is too. Either check then passes. They need cases whose
-# splits are forced uneven and whose drops are forced order-dependent; until then these two
-# faults are not asserted (make test-busy saw each pass a grade once).
-UNEVEN_NOT_FORCED = pytest.mark.skip(reason="known gap: caught only when the secret's routing "
-                                     "shows the mistake (needs forced cases)")
-
-
-HIDDEN_BY_THE_DRAW = ("backward_splits_not_swapped", "wrong_drop_order")
-
-
 @pytest.mark.multirank
-@pytest.mark.parametrize("fault", [pytest.param(f, marks=UNEVEN_NOT_FORCED)
-                                   if f in HIDDEN_BY_THE_DRAW else f for f in sorted(CASES)])
+@pytest.mark.parametrize("fault", sorted(CASES))
 def test_the_usual_mistake_is_named(fault, tmp_path):
     prefix, kind, says = CASES[fault]
     check = grade_fault_on_check(LAB_DIR, FAULTS, fault, prefix, tmp_path)

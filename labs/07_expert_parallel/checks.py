@@ -62,6 +62,37 @@ def judge_capacity(r: CaseResult) -> Verdict:
     return Verdict(True)
 
 
+GSHARD = ("GShard's queue takes every token's first choice, tokens in order, before any second "
+          "choice")
+WRONG_ORDERS = [  # (the queue's order as `ex.kept_in_order` takes it, what the feedback says)
+    (dict(token_major=True), "slots counted token by token; GShard's queue takes every token's "
+                             "first choice before any second choice"),
+    (dict(tokens_backwards=True), "tokens queued from the last one; GShard's queue takes "
+                                  "tokens in order t = 0, 1, … (the latest ones are dropped)"),
+    (dict(choices_backwards=True), f"later choices queued before first choices; {GSHARD}"),
+    (dict(token_major=True, tokens_backwards=True),
+     f"slots counted token by token from the last token; {GSHARD}"),
+    (dict(tokens_backwards=True, choices_backwards=True),
+     f"the queue taken backwards (the last token's last choice first); {GSHARD}"),
+]
+
+
+def why_kept(got: torch.Tensor, expert: torch.Tensor, num_experts: int, capacity: int) -> str:
+    """What the kept mask `got` (not GShard's) was made by, when a usual mistake made it."""
+    if torch.equal(got, ex.kept(expert, num_experts, capacity + 1)):
+        return "capacity off by one: keeps C + 1 per expert (slots count from 0: keep slot < C)"
+    for order, why in WRONG_ORDERS:
+        if torch.equal(got, ex.kept_in_order(expert, num_experts, capacity, **order)):
+            return f"tokens dropped in the wrong order: {why}"
+    per_expert = torch.bincount(expert[got], minlength=num_experts)
+    if int(per_expert.max(initial=0)) > capacity:
+        return f"an expert keeps {int(per_expert.max())} choices, more than the capacity"
+    want = ex.kept(expert, num_experts, capacity)
+    t, j = (got != want).nonzero()[0].tolist()
+    return f"choice {j} of token {t} (expert {int(expert[t, j])}) is " + \
+        ("kept" if got[t, j] else "dropped")
+
+
 def judge_keep(r: CaseResult) -> Verdict:
     c = r.case
     expert = r.inputs[0]["expert"]
@@ -74,27 +105,19 @@ def judge_keep(r: CaseResult) -> Verdict:
         return Verdict(True)
     n_got, n_want = int((~got).sum()), int((~want).sum())
     where = f"dropped {n_got} choices, expected {n_want} (capacity {c['capacity']})"
-    per_expert = torch.bincount(expert[got], minlength=c["experts"])
-    if torch.equal(got, ex.kept(expert, c["experts"], c["capacity"] + 1)):
-        why = "capacity off by one: keeps C + 1 per expert (slots count from 0: keep slot < C)"
-    elif torch.equal(got, ex.token_major(expert, c["experts"], c["capacity"])):
-        why = ("tokens dropped in the wrong order: slots counted token by token; GShard's queue "
-               "takes every token's first choice before any second choice")
-    elif int(per_expert.max()) > c["capacity"]:
-        why = f"an expert keeps {int(per_expert.max())} choices, more than the capacity"
-    else:
-        t, j = (got != want).nonzero()[0].tolist()
-        state = "kept" if got[t, j] else "dropped"
-        why = f"choice {j} of token {t} (expert {int(expert[t, j])}) is {state}"
-    return _fail(r, f"keep: {why}; {where}")
+    return _fail(r, f"keep: {why_kept(got, expert, c['experts'], c['capacity'])}; {where}")
 
 
 def _values(r: CaseResult, ref: dict) -> Verdict:
     c = r.case
     for rank, o in enumerate(r.outputs):
-        if not torch.equal(o["kept"].cpu(), ref["routings"][rank].kept):
+        routing, kept = ref["routings"][rank], o["kept"].cpu().bool()
+        if not torch.equal(kept, routing.kept):
+            why = "check keep and expert_capacity"
+            if kept.shape == routing.kept.shape:
+                why = why_kept(kept, routing.expert, c["experts"], routing.capacity)
             return _fail(r, f"rank {rank}'s kept choices differ from the router's with capacity "
-                            f"{ref['routings'][rank].capacity} (check keep and expert_capacity)")
+                            f"{routing.capacity}: {why}")
         y, want = o["y"].cpu(), ref["y"][rank]
         if not ex.close(y, want):
             why = describe(y, want)
@@ -155,11 +178,15 @@ CHECKS = [
           (case("capacity", 1, 0, table=[[10, 4, 1, 1.0], [12, 4, 2, 1.0], [16, 4, 1, 1.25],
                                          [7, 4, 2, 1.5], [5, 8, 1, 2.0], [9, 3, 1, None]]),),
           judge_capacity, about="Against toolkit.cost.experts.expert_capacity."),
+    # Each first case is laid out (harness.py, layouts.py) so that a wrong drop order and an
+    # unswapped backward fail whatever the secret; the second is the router's own draw.
     Check("keep: GShard's order, dropped choices exactly", 8, "keep",
-          (case("keep", 1, 0, tokens=12, experts=4, top_k=2, capacity=4, hot=4.0),),
+          (case("keep", 1, 0, tokens=12, experts=4, top_k=2, capacity=4, layout="order"),
+           case("keep", 1, 2, tokens=12, experts=4, top_k=2, capacity=4, hot=4.0)),
           judge_keep, about="Every first choice before any second choice (GShard Algorithm 1)."),
     Check("dispatch/combine: outputs, gradients and bytes on 2 ranks (top-1)", 14, "moe",
-          (case("moe", 2, 0, experts=4, tokens=[9, 6], **MOE),),
+          (case("moe", 2, 0, experts=4, tokens=[9, 6], layout="uneven", **MOE),
+           case("moe", 2, 3, experts=4, tokens=[9, 6], **MOE)),
           judge_moe, timeout=60,
           about="Against the single-process MoELayer; bytes from the courier vs step_bytes."),
     Check("dispatch/combine: 4 ranks, top-2, dropped choices", 12, "moe",

@@ -29,11 +29,24 @@ def kept(expert: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
     return slots(expert, num_experts) < capacity
 
 
-def token_major(expert: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
-    """The usual mistake: slots counted token by token (token t's 2nd choice before t+1's 1st)."""
-    flat = torch.nn.functional.one_hot(expert.reshape(-1), num_experts)
-    slot = ((flat.cumsum(0) - 1) * flat).sum(1).view_as(expert)
-    return slot < capacity
+def kept_in_order(expert: torch.Tensor, num_experts: int, capacity: int, *,
+                  token_major: bool = False, tokens_backwards: bool = False,
+                  choices_backwards: bool = False) -> torch.Tensor:
+    """The usual mistakes: the kept choices when the queue takes them in another order than
+    GShard's (choice rank j, then token t): token by token (token t's 2nd choice before t+1's
+    1st), tokens from the last one, later choices before first ones, or any of these together."""
+    if not (token_major or tokens_backwards or choices_backwards):
+        raise ValueError("kept_in_order: name the wrong order (GShard's own is `kept`)")
+    n, k = expert.shape
+    t = torch.arange(n).flip(0) if tokens_backwards else torch.arange(n)
+    j = torch.arange(k).flip(0) if choices_backwards else torch.arange(k)
+    tt, jj = torch.meshgrid(t, j, indexing="ij") if token_major else \
+        reversed(torch.meshgrid(j, t, indexing="ij"))
+    order = (tt * k + jj).reshape(-1)  # flat (t, j) indices, in the queue's order
+    onehot = torch.nn.functional.one_hot(expert.reshape(-1)[order], num_experts)
+    slot = torch.empty_like(order)
+    slot[order] = ((onehot.cumsum(0) - 1) * onehot).sum(1)  # earlier choices of that expert
+    return (slot < capacity).view_as(expert)
 
 
 def layer(r: CaseResult) -> MoELayer:
@@ -76,5 +89,5 @@ def close(got, want) -> bool:
         torch.allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
-__all__ = ["ATOL", "RTOL", "capacities", "close", "kept", "layer", "reference",
-           "token_major", "wire_bytes"]
+__all__ = ["ATOL", "RTOL", "capacities", "close", "kept", "kept_in_order", "layer",
+           "reference", "wire_bytes"]

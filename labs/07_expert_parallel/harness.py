@@ -13,6 +13,12 @@ A case is a dict: ``world_size``, ``kind`` ("capacity", "keep" or "moe") and ``s
 ``experts``, ``top_k``, ``capacity`` and ``hot`` (weight of expert 0 in the draws, to make it
 overflow); for "moe" ``d``, ``f``, ``experts``, ``top_k``, ``capacity_factor`` and ``tokens``
 (per rank: uneven).
+
+Two mistakes show only on some routings, a drop order other than GShard's and a backward
+all-to-all whose splits are not swapped: a case with ``layout`` builds its routing on purpose,
+every value still from the seed (`layouts.py`, read by the grader only): "order" (keep: the hot
+expert's drops depend on the order), "uneven" (moe: every pair of ranks exchanges pieces of
+different sizes, every rank receives a number of rows other than it sends).
 """
 
 from __future__ import annotations
@@ -34,6 +40,12 @@ def make_inputs(case: dict, world_size: int) -> list[dict]:
     shared = torch.Generator().manual_seed(seed * 7919 + 1)
     if kind == "capacity":
         return [{}] * world_size
+    layout = case.get("layout")
+    if layout not in (None, {"keep": "order", "moe": "uneven"}[kind]):
+        raise ValueError(f"lab 07: a {kind} case's layout is None or "
+                         f"{ {'keep': 'order', 'moe': 'uneven'}[kind]!r}, got {layout!r}")
+    if kind == "keep" and layout == "order":
+        return [{"expert": _layouts().order(case, shared)}] * world_size
     if kind == "keep":
         weights = torch.ones(case["experts"], dtype=torch.float64, device=shared.device)
         weights[0] = case["hot"]
@@ -45,8 +57,24 @@ def make_inputs(case: dict, world_size: int) -> list[dict]:
                "w1": _rand(shared, (e, d, f), d ** -0.5), "b1": _rand(shared, (e, f), d ** -0.5),
                "w2": _rand(shared, (e, f, d), f ** -0.5), "b2": _rand(shared, (e, d), f ** -0.5)}
     own = [torch.Generator().manual_seed(seed * 7919 + 101 + r) for r in range(world_size)]
-    return [{**weights, "x": _rand(g, (t, d), 1.0), "g": _rand(g, (t, d), 1.0)}
-            for g, t in zip(own, case["tokens"])]
+    inputs = [{**weights, "x": _rand(g, (t, d), 1.0), "g": _rand(g, (t, d), 1.0)}
+              for g, t in zip(own, case["tokens"])]
+    if layout == "uneven":  # the planned routing's router and tokens replace the drawn ones
+        router, xs, _ = _layouts().uneven(case, world_size, shared, own)
+        inputs = [{**i, "router": router, "x": x} for i, x in zip(inputs, xs)]
+    return inputs
+
+
+def _layouts():
+    """`layouts.py` beside this file, loaded once: by the grader only (make_inputs), never in a
+    rank (the sandbox holds this file alone)."""
+    import sys
+    from pathlib import Path
+
+    from autograder.sandbox.rank import load_module
+
+    name = "_autograder_lab_07_layouts"
+    return sys.modules.get(name) or load_module(Path(__file__).with_name("layouts.py"), name)
 
 
 def _capacity(student, call):
