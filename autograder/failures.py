@@ -34,6 +34,8 @@ KINDS = {
     "output_limit": "printed more output than allowed",
     "disk_limit": "wrote more data (or more files and folders) than allowed",
     "wall_limit": "the grade ran out of its total time budget",
+    "call_limit": "made more communication calls and marks in one launch than the grader records",
+    "result_limit": "returned more results in one launch than the grader keeps",
     "sandbox_violation": "touched a file, device, socket or process outside its own reach",
     "tampering": "wrote frames the grader's channel does not accept (forged or corrupted)",
     "forged_results": "wrote a results.json of its own",

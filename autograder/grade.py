@@ -9,8 +9,10 @@ Order of events: find the student files (missing → every check zero); parse th
 draw the grade's secret and make every case's inputs from it (`plan`: a case's seed is derived
 from the secret, so no rank can rebuild another's inputs); run every launch in the sandbox
 (`autograder.sandbox.session`), where the courier hands each rank its own inputs and records
-what it sends; then judge each case in this process (`autograder.judging`). A results.json
-left in a rank's folder zeroes the grade.
+what it sends; judge each launch's cases in this process as soon as the launch ends
+(`autograder.judging.judge_launch`: the grader then drops the launch's outputs and record, so
+what it holds is one launch's worth, within the courier's caps); then score every check. A
+results.json left in a rank's folder zeroes the grade.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .judging import CheckResult, PlannedCase, judge_run
+from .judging import CheckResult, PlannedCase, judge_launch, judge_run
 from .lab import Lab
 from .protocol import CaseKey, GroupKey
 from .sandbox.files import remove
@@ -188,7 +190,8 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
               device=device, gpus=",".join(str(g) for g in gpus or []) if device == "cuda"
               else "")
     try:
-        run = run_session(job, launches, limits or Limits(), workdir)
+        run = run_session(job, launches, limits or Limits(), workdir,
+                          on_record=lambda record: judge_launch(lab, record, cases))
     finally:
         unmount_below(workdir)  # a launch's tmpfs, should a failure have skipped its cleanup
         remove(workdir)

@@ -13,12 +13,18 @@ from .failures import describe_op, stack_frame, student_frame
 from .protocol import Failure
 
 
+NAMED = 4  # calls named per waiting rank (a rank waits on one, or one per thread)
+
+
 def _waiting(state, module: str, sources: dict[str, str]) -> str:
     parts = []
     for op_id, stack in state.blocked.items():
         op = state.ops.get(op_id)
         if op is None:
             continue
+        if len(parts) == NAMED:
+            parts.append(f"rank {state.rank} in {len(state.blocked) - NAMED:,} more calls")
+            break
         where = stack_frame(stack, module, sources)
         parts.append(f"rank {state.rank} in {describe_op(op)}" + (f" at {where}" if where else ""))
     return "; ".join(parts)

@@ -5,6 +5,12 @@ launch carries the launch's `Failure`. A finished case first passes the courier'
 (a collective the courier refused fails it, kind builtin_collective, whatever its values), then
 its check's judge, which must not crash a grade on strange outputs: an exception there is a
 failed case with words, never a grader failure. Scores are shared equally among a check's cases.
+
+The grader judges each launch as soon as it ends (`judge_launch`, called by the session) and
+keeps only its verdicts: the outputs and the courier's record of one launch (up to the
+courier's caps, `autograder.sandbox.courier`) never wait in memory for the next launch. The
+verdicts are those `judge_run` would give the full record after the last launch: the same
+function on the same facts, only sooner.
 """
 
 from __future__ import annotations
@@ -98,8 +104,17 @@ def score(check: Check, verdicts: list[Verdict]) -> CheckResult:
     return CheckResult(check, points, passed, total, kind if passed < total else None, message)
 
 
+def judge_launch(lab: Lab, record: GroupRecord, cases: dict[CaseKey, PlannedCase]) -> None:
+    """Judge `record`'s cases now (`record.verdicts`) and drop its outputs and traffic."""
+    ci = record.key.check
+    record.verdicts = _launch_verdicts(lab.checks[ci], ci, record, cases)
+    record.outputs.clear()
+    record.traffic.clear()
+
+
 def judge_run(lab: Lab, records: dict[GroupKey, GroupRecord],
               cases: dict[CaseKey, PlannedCase]) -> list[CheckResult]:
+    """Every check's result from its launches' records (judged already, or judged here)."""
     results = []
     for ci, check in enumerate(lab.checks):
         verdicts: list[Verdict] = []
@@ -110,9 +125,10 @@ def judge_run(lab: Lab, records: dict[GroupKey, GroupRecord],
                 verdicts += [Verdict(False, "The sandbox stopped before this check ran.",
                                      "skipped")] * n
                 continue
-            verdicts += _launch_verdicts(check, ci, record, cases)
+            verdicts += (record.verdicts if record.verdicts is not None
+                         else _launch_verdicts(check, ci, record, cases))
         results.append(score(check, verdicts))
     return results
 
 
-__all__ = ["CheckResult", "PlannedCase", "judge_case", "judge_run", "score"]
+__all__ = ["CheckResult", "PlannedCase", "judge_case", "judge_launch", "judge_run", "score"]

@@ -9,7 +9,7 @@ says about itself:
 * `RankTraffic`: one rank's ops and the harness's marks during one case (or one section of a
   case), with the totals judges use (bytes and messages sent and received, calls per op);
 * `GroupRecord`: how one launch of a check at one world size ended: the ranks' outputs per case
-  and their traffic, or the `Failure` that ended it;
+  and their traffic (until judged: then its verdicts), or the `Failure` that ended it;
 * `Verdict`: a judge's answer for one case (passed, message, and a failure kind when the case
   failed for a named reason, `autograder.failures.KINDS`).
 
@@ -227,6 +227,9 @@ class GroupRecord:
     """The last few kB the ranks printed (sanitised), for messages."""
     forged: list[str] = field(default_factory=list)
     """Entries named results.json that the ranks left in their folders."""
+    verdicts: list[Verdict] | None = None
+    """Its cases judged as soon as the launch ended (`judging.judge_launch`), which then drops
+    `outputs` and `traffic`: the grader keeps no launch's results while the next one runs."""
 
     @property
     def ok(self) -> bool:

@@ -274,9 +274,10 @@ def test_the_caller_is_no_subreaper_after_a_grade(lab01, tmp_path):
 
 
 def test_every_fault_file_has_a_test():
+    from test_autograder_memory import MEMORY_FAULTS
     from test_autograder_sandbox import SANDBOX_FAULTS
 
-    tested = set(CASES) | set(SANDBOX_FAULTS) | {
+    tested = set(CASES) | set(SANDBOX_FAULTS) | set(MEMORY_FAULTS) | {
         "syntax_error", "forged_results_cwd", "forged_results_abs", "forged_results_tmp",
         "output_flood", "memory_creep", "fork_bomb", "signal_outside", "disk_bomb",
         "prlimit_outside"}

@@ -76,8 +76,10 @@ class FrameReader:
             end = HEADER.size + n_meta + n_payload
             if len(self.buf) < end:
                 break
-            meta = decode_meta(bytes(self.buf[HEADER.size:HEADER.size + n_meta]))
-            out.append((meta, bytes(self.buf[HEADER.size + n_meta:end])))
+            with memoryview(self.buf) as view:  # one copy of the payload, not a slice and a copy
+                meta = decode_meta(bytes(view[HEADER.size:HEADER.size + n_meta]))
+                payload = bytes(view[HEADER.size + n_meta:end])
+            out.append((meta, payload))
             del self.buf[:end]
         return out
 

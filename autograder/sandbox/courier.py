@@ -17,6 +17,21 @@ socketpair and nothing else; every ``torch.distributed`` call arrives here as an
 
 What it records (`Op`, `RankTraffic` per case and rank) is what the checks judge. Frame
 handling is in `courier_frames`; this module holds the state and the matching.
+
+Memory. All it holds belongs to one launch (the grader judges a launch as soon as it ends and
+drops its record: `autograder.judging.judge_launch`), and every part is capped per launch, far
+above what the busiest launch of a reference solution of labs 01-07 needs (in parentheses;
+`benchmarks/grader_footprint.py`, hidden checks included): calls and marks MAX_CALLS ×
+CALL_RECORD_BYTES = 50,000 × 1,100 B ≈ 52 MiB (260), then call_limit; stacks of waits p ×
+MAX_STACKS × STACK_BYTES = p × 16 × 32 KiB, 2 MiB at 4 ranks (1 per rank), later ones not kept;
+results RESULT_BYTES = 64 MiB (1.0 MiB), then result_limit; message contents KEEP_BYTES =
+64 MiB (1.5 MiB), later ones not kept; sends and collective inputs awaiting their peers
+HELD_BYTES = 64 MiB (0.13 MiB) and replies not yet read, all ranks together, OUTBOX_BYTES =
+64 MiB (0.75 MiB), then memory_limit. A record is an `Op` with its id and, while it waits, its
+`Pending`: a pending receive is the largest (1,004 B, tracemalloc, `tests/test_courier_limits`),
+a mark of 200 characters about 350 B. With the frames being read (one per rank at most,
+`channel.MAX_META` + `MAX_PAYLOAD`), one launch is bounded by about 0.6 GiB at 4 ranks over
+the grader's own 250-310 MiB.
 """
 
 from __future__ import annotations
@@ -32,11 +47,16 @@ from .channel import encode_frame, pack, tensor_bytes
 from .plan import CasePlan
 from .reduce import COLLECTIVES, ROOTED, CollectiveError
 
-KEEP_BYTES = 64 << 20     # contents of sends kept for the judges, per launch
-HELD_BYTES = 256 << 20    # bytes of sends waiting for their receive, per launch
-OUTPUT_BYTES = 256 << 20  # bytes of results the ranks may return, per launch
-OUTBOX_BYTES = 256 << 20  # bytes of replies waiting for a rank that does not read them
-MAX_OPS = 200_000         # calls the courier records per launch (each one is kept)
+# Caps per launch (see the table above; the figures in parentheses are the most a reference
+# solution of labs 01-07 needs in one launch).
+KEEP_BYTES = 64 << 20     # contents of sends kept for the judges (1.5 MiB)
+HELD_BYTES = 64 << 20     # sends and collective inputs waiting for their peers (0.13 MiB)
+RESULT_BYTES = 64 << 20   # results the ranks return (1.0 MiB)
+OUTBOX_BYTES = 64 << 20   # replies not yet read, all ranks together (0.75 MiB)
+MAX_CALLS = 50_000        # calls and marks recorded, each one kept (240 + 120)
+MAX_STACKS = 16           # stacks kept per rank of the calls it waits on at once (1)
+CALL_RECORD_BYTES = 1100  # the most one recorded call holds (a pending receive: 1,004 B)
+STACK_BYTES = 32 << 10    # the most one kept stack holds (40 frames of capped text: 31.6 KB)
 
 
 @dataclass
@@ -68,9 +88,25 @@ class RankState:
     ops: dict[int, Op] = field(default_factory=dict)
     pending: dict[int, Pending] = field(default_factory=dict)
     blocked: dict[int, list] = field(default_factory=dict)
-    """Op id → the stack the rank sent when it started waiting on it."""
+    """Op id → the stack the rank sent when it started waiting on it (empty past MAX_STACKS)."""
+    stacks: int = 0
+    """How many of `blocked`'s stacks are not empty."""
     traffic: dict[int, RankTraffic] = field(default_factory=dict)
     outputs: dict[int, Any] = field(default_factory=dict)
+
+    def block(self, op_id: int, stack: list) -> None:
+        """The rank waits on `op_id` at `stack`: kept while it waits on fewer than MAX_STACKS
+        calls with a stack (a rank waits on one at a time, or one per thread)."""
+        old = self.blocked.get(op_id)
+        if old:
+            self.stacks -= 1
+        keep = bool(stack) and self.stacks < MAX_STACKS
+        self.blocked[op_id] = stack if keep else []
+        self.stacks += keep
+
+    def unblock(self, op_id: int) -> None:
+        if self.blocked.pop(op_id, None):
+            self.stacks -= 1
 
 
 class Courier:
@@ -88,7 +124,7 @@ class Courier:
             collections.deque)
         self.colls: dict[tuple[int, ...], list[collections.deque]] = {}
         self.arrival = 0
-        self.kept = self.held = self.returned = self.ops = 0
+        self.kept = self.held = self.returned = self.calls = 0
         self.failure: Failure | None = None
         self.ended: RankEnd | None = None
         """The first rank that reported an error or vanished (classified by the session)."""
@@ -97,9 +133,31 @@ class Courier:
     def reply(self, rank: int, meta: dict, payload: bytes = b"") -> None:
         outbox = self.ranks[rank].outbox
         outbox += encode_frame(meta, payload)
-        if len(outbox) > OUTBOX_BYTES:
-            self.fail("memory_limit", f"Rank {rank} left {len(outbox) / 2**20:,.0f} MiB of "
-                      "replies unread (a rank must wait for what it asked for).", rank)
+        unread = sum(len(s.outbox) for s in self.ranks)
+        if unread > OUTBOX_BYTES:
+            self.fail("memory_limit", f"The ranks left {unread / 2**20:,.0f} MiB of replies "
+                      f"unread (the grader holds at most {OUTBOX_BYTES / 2**20:,.0f} MiB; a "
+                      "rank must wait for what it asked for).", rank)
+
+    def count_call(self, rank: int) -> bool:
+        """Count one call or mark of `rank` against MAX_CALLS; False (and the launch fails,
+        call_limit) once there are more: the grader records no more."""
+        self.calls += 1
+        if self.calls > MAX_CALLS:
+            self.fail("call_limit", f"The ranks made over {MAX_CALLS:,} communication calls "
+                      "and marks in one launch (a correct solution makes a few hundred); the "
+                      "grader keeps a record of each and records no more.", rank)
+            return False
+        return True
+
+    def hold(self, rank: int, nbytes: int) -> None:
+        """`nbytes` more (or fewer, when negative) wait for a peer: sends for their receive,
+        collective inputs for the other members' calls."""
+        self.held += nbytes
+        if nbytes > 0 and self.held > HELD_BYTES:
+            self.fail("memory_limit", f"Rank {rank} sent {self.held / 2**20:,.0f} MiB that no "
+                      f"peer had taken yet; the grader holds at most "
+                      f"{HELD_BYTES / 2**20:,.0f} MiB in flight.", rank)
 
     def done(self, p: Pending, outputs: list[torch.Tensor] = (), **extra: Any) -> None:
         specs, parts, offset = [], [], 0
@@ -110,14 +168,14 @@ class Courier:
             offset += len(raw)
         state = self.ranks[p.op.rank]
         state.pending.pop(p.op_id, None)
-        state.blocked.pop(p.op_id, None)
+        state.unblock(p.op_id)
         self.reply(p.op.rank, {"k": "done", "id": p.op_id, "outputs": specs, **extra},
                    b"".join(parts))
 
     def fail_op(self, p: Pending, message: str) -> None:
         state = self.ranks[p.op.rank]
         state.pending.pop(p.op_id, None)
-        state.blocked.pop(p.op_id, None)
+        state.unblock(p.op_id)
         self.reply(p.op.rank, {"k": "fail", "id": p.op_id, "message": message})
 
     def fail(self, kind: str, message: str, rank: int | None = None) -> None:
@@ -151,11 +209,7 @@ class Courier:
         src, dst = p.op.rank, p.op.peer
         recv = self._take_recv(src, dst, p.tag)
         if recv is None:
-            self.held += len(payload)
-            if self.held > HELD_BYTES:
-                self.fail("memory_limit", f"Rank {src} sent {self.held / 2**20:,.0f} MiB that no "
-                          f"receive had taken yet; the grader holds at most "
-                          f"{HELD_BYTES / 2**20:,.0f} MiB in flight.", src)
+            self.hold(src, len(payload))
             self.sends[(src, dst, p.tag)].append((p, payload, self._next_arrival()))
         else:
             self.match(p, payload, recv)
@@ -175,7 +229,7 @@ class Courier:
                 self.recvs[key].append(p)
                 return
         send, payload, _ = self.sends[key].popleft()
-        self.held -= len(payload)
+        self.hold(dst, -len(payload))
         self.match(send, payload, p)
 
     def _take_recv(self, src: int, dst: int, tag: int) -> Pending | None:
@@ -209,15 +263,17 @@ class Courier:
         self.reply(r.rank, {"k": "done", "id": recv.op_id, "source": s.rank,
                             "outputs": [[dtype, shape, 0, len(payload)]]}, payload)
         self.ranks[r.rank].pending.pop(recv.op_id, None)
-        self.ranks[r.rank].blocked.pop(recv.op_id, None)
+        self.ranks[r.rank].unblock(recv.op_id)
 
     # -- collectives ------------------------------------------------------------------------
     def post_collective(self, p: Pending) -> None:
         group = p.op.group
         queues = self.colls.setdefault(group, [collections.deque() for _ in group])
         queues[group.index(p.op.rank)].append(p)
+        self.hold(p.op.rank, _nbytes(p))
         while all(queues):
             calls = [q.popleft() for q in queues]
+            self.hold(p.op.rank, -sum(_nbytes(c) for c in calls))
             self._run(group, calls)
 
     def _run(self, group: tuple[int, ...], calls: list[Pending]) -> None:
@@ -255,6 +311,10 @@ class Courier:
         return waiting
 
 
+def _nbytes(p: Pending) -> int:
+    return sum(t.numel() * t.element_size() for t in p.inputs)
+
+
 def _elements(op: Op) -> str:
     item = torch.empty(0, dtype=getattr(torch, op.dtype, torch.uint8)).element_size()
     return f"{op.nbytes // max(item, 1):,} {op.dtype}"
@@ -267,4 +327,5 @@ def _coll(p: Pending) -> str:
     return f"{p.op.op} ({p.op.nbytes:,} bytes{extra})"
 
 
-__all__ = ["Courier", "HELD_BYTES", "KEEP_BYTES", "Pending", "RankState"]
+__all__ = ["CALL_RECORD_BYTES", "Courier", "HELD_BYTES", "KEEP_BYTES", "MAX_CALLS", "MAX_STACKS",
+           "OUTBOX_BYTES", "Pending", "RESULT_BYTES", "RankState", "STACK_BYTES"]

@@ -9,6 +9,13 @@ student's module imported), ``op`` (one torch.distributed call: id, op, group, p
 tag, async, input tensors' specs + bytes, output specs), ``wait`` / ``seen`` (it waits on an op,
 or saw it complete; with its Python stack), ``mark`` (a label between calls), ``output`` (a
 case's result as a tensor tree), ``error`` (an exception's type, message and traceback).
+
+What each frame leaves in the grader is capped (the bounds are in `courier`'s docstring): an
+``op`` or a ``mark`` is one recorded call (`Courier.count_call`, at most MAX_CALLS per
+launch, then call_limit); a ``wait`` keeps its stack (40 frames of capped text) for at most
+MAX_STACKS calls of a rank at once, later ones without it; ``output`` frames are one per case
+and rank, their bytes at most RESULT_BYTES per launch (then result_limit); ``seen``, a repeated
+``wait`` and any ``error`` after the first keep nothing new.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Any
 from ..protocol import Op, RankEnd, canonical_op
 from ..sanitize import printable
 from .channel import DTYPES, MAX_PAYLOAD, FrameError, make_tensor, unpack
-from .courier import MAX_OPS, OUTPUT_BYTES, Courier, Pending
+from .courier import RESULT_BYTES, Courier, Pending
 from .reduce import COLLECTIVES, ROOTED
 
 OPS = frozenset({"send", "recv", "alltoall", "alltoall_base"} | set(COLLECTIVES))
@@ -61,11 +68,7 @@ def _stack(value: Any) -> list:
 
 def _op(c: Courier, rank: int, meta: dict, payload: bytes) -> None:
     state = c.ranks[rank]
-    c.ops += 1
-    if c.ops > MAX_OPS:
-        c.fail("memory_limit", f"The ranks made over {MAX_OPS:,} communication calls in one "
-                               "launch; the grader keeps a record of each and holds no more.",
-               rank)
+    if not c.count_call(rank):
         return
     op_id = _int(meta.get("id"), "id", 0)
     if op_id in state.ids:
@@ -147,6 +150,7 @@ def _p2p(c: Courier, p: Pending, payload: bytes) -> None:
                      f"use a rank from 0 to {c.world_size - 1} other than this one ({op.rank})")
         return
     if op.op == "send":
+        p.inputs = []  # the payload is what is delivered: hold the bytes once, not twice
         c.post_send(p, payload)
     else:
         c.post_recv(p)
@@ -163,7 +167,7 @@ def _observe(c: Courier, rank: int, meta: dict, blocking: bool) -> None:
         op.observed = True
         op.observed_at = len(traffic.entries) if traffic is not None else None
     if blocking and op_id in state.pending:
-        state.blocked[op_id] = _stack(meta.get("stack"))
+        state.block(op_id, _stack(meta.get("stack")))
 
 
 def handle(c: Courier, rank: int, meta: dict, payload: bytes) -> None:
@@ -190,16 +194,18 @@ def _handle(c: Courier, rank: int, meta: dict, payload: bytes) -> None:
         _observe(c, rank, meta, kind == "wait")
     elif kind == "mark":
         traffic = c.traffic_of(rank)
-        if traffic is not None:
+        if c.count_call(rank) and traffic is not None:
             traffic.add(_str(meta.get("label"), "label"))
     elif kind == "output":
         case = c.plan[state.case] if state.case is not None else None
         if case is None or meta.get("case") != case.index:
             raise Refused("an output for a case it was not running")
         c.returned += len(payload)
-        if c.returned > OUTPUT_BYTES:
-            c.fail("memory_limit", f"The ranks returned over {OUTPUT_BYTES / 2**20:,.0f} MiB of "
-                                   "results in one launch.", rank)
+        if c.returned > RESULT_BYTES:
+            c.fail("result_limit", f"The ranks returned {c.returned / 2**20:,.0f} MiB of results "
+                                   f"in one launch; the grader keeps at most "
+                                   f"{RESULT_BYTES / 2**20:,.0f} MiB (a correct solution returns "
+                                   "about 1 MiB at most).", rank)
             return
         try:
             state.outputs[case.index] = unpack(meta.get("tree"), payload)

@@ -40,7 +40,8 @@ from .watchdog import LaunchProcesses, over_limits
 TAIL = 8000       # bytes of each rank's output kept for messages
 DUMP_END = b'sandbox/rank.py", line'  # a rank's main thread always runs in rank.main
 POLL_S = 0.05
-LIMIT_KINDS = ("memory_limit", "process_limit", "output_limit", "disk_limit", "wall_limit")
+LIMIT_KINDS = ("memory_limit", "process_limit", "output_limit", "disk_limit", "wall_limit",
+               "call_limit", "result_limit")
 
 
 @dataclass

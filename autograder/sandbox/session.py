@@ -8,7 +8,8 @@ launch on fresh processes and a fresh folder. A fork server that dies is replace
 sandbox) for the launches that remain. All of it fits in `Limits.wall_s`; launches that would
 start after it get ``wall_limit``. Whatever happens, every process of the grade is gone when
 this returns (the grader is the child subreaper of the sandbox's orphans while it runs, and
-restores the flag it found when it returns).
+restores the flag it found when it returns). Each launch's record is handed to the caller as
+soon as the launch ends (`on_record`), so that no launch's outputs wait for the next.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ..protocol import Failure, GroupKey, GroupRecord
 from .cgroup import PidsGroup
@@ -95,17 +97,22 @@ def describe(confined: dict, group: PidsGroup | None, uid: int | None,
     return ", ".join(have), missing
 
 
-def run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Path) -> RunResult:
-    """Run every launch of `plans` (in order) in the sandbox; see the module docstring. The
-    caller is the child subreaper during the call only (the flag it had is restored)."""
+def run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Path, *,
+                on_record: Callable[[GroupRecord], None] | None = None) -> RunResult:
+    """Run every launch of `plans` (in order) in the sandbox; see the module docstring.
+    `on_record` is called with each launch's record as soon as the launch ends (the grader
+    judges it there and drops what only judging needed); its time does not count against
+    `limits.wall_s`. The caller is the child subreaper during the call only (the flag it had is
+    restored)."""
     was_subreaper = _set_subreaper(True)
     try:
-        return _run_session(job, plans, limits, workdir)
+        return _run_session(job, plans, limits, workdir, on_record)
     finally:
         _set_subreaper(was_subreaper)
 
 
-def _run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Path) -> RunResult:
+def _run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Path,
+                 on_record: Callable[[GroupRecord], None] | None) -> RunResult:
     _raise_open_files()
     theirs = frozenset(children_of(os.getpid()))
     uid = sandbox_uid()
@@ -122,37 +129,40 @@ def _run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Pat
         for number, plan in enumerate(plans):
             key = plan.key
             if key.check in skip:
-                result.records[key] = GroupRecord(key, failure=skip[key.check])
-                continue
-            if time.monotonic() >= deadline:
-                result.records[key] = GroupRecord(key, failure=Failure(
+                record = GroupRecord(key, failure=skip[key.check])
+            elif time.monotonic() >= deadline:
+                record = GroupRecord(key, failure=Failure(
                     "wall_limit", f"Not run: the grade used up its total budget of "
                                   f"{limits.wall_s:g} s."))
-                continue
-            try:
-                if server is None or not server.alive():
+            else:
+                try:
+                    if server is None or not server.alive():
+                        if server is not None:
+                            server.stop()
+                            result.restarts += 1
+                        server = ForkServer(group=server_group, deadline=deadline,
+                                            gpus=job.gpus, log=workdir / "fork-server.log")
+                    record, seen = run_launch(server, job, plan, limits, workdir=workdir,
+                                              number=number, uid=uid, grade_group=grade_group,
+                                              theirs=theirs, deadline=deadline)
+                    confined = confined or seen or None
+                except ServerLost as err:
+                    record = GroupRecord(key, failure=Failure(
+                        "skipped", f"Not run: the grader's fork server stopped ({err})."))
                     if server is not None:
                         server.stop()
-                        result.restarts += 1
-                    server = ForkServer(group=server_group, deadline=deadline, gpus=job.gpus,
-                                        log=workdir / "fork-server.log")
-                record, seen = run_launch(server, job, plan, limits, workdir=workdir,
-                                          number=number, uid=uid, grade_group=grade_group,
-                                          theirs=theirs, deadline=deadline)
-                confined = confined or seen or None
-            except ServerLost as err:
-                record = GroupRecord(key, failure=Failure(
-                    "skipped", f"Not run: the grader's fork server stopped ({err})."))
-                if server is not None:
-                    server.stop()
-                server = None
-                result.restarts += 1
+                    server = None
+                    result.restarts += 1
+                failure = record.failure
+                if failure is not None and failure.kind in ("timeout",) + LIMIT_KINDS:
+                    skip[key.check] = Failure("skipped", f"Not run: this check's launch at "
+                                                         f"{key.world_size} ranks ended with "
+                                                         f"{failure.kind}.")
             result.records[key] = record
-            failure = record.failure
-            if failure is not None and failure.kind in ("timeout",) + LIMIT_KINDS:
-                skip[key.check] = Failure("skipped", f"Not run: this check's launch at "
-                                                     f"{key.world_size} ranks ended with "
-                                                     f"{failure.kind}.")
+            if on_record is not None:
+                began = time.monotonic()
+                on_record(record)
+                deadline += time.monotonic() - began  # the grader's time, not the grade's
     finally:
         if server is not None:
             server.stop()

@@ -1,0 +1,118 @@
+"""The grader's own memory under the red team's attacks (docs/grading.md, "Grader memory"):
+results returned without end, marks without end, stacks without end. Each grade runs in a
+child process that reports its own peak RSS (``ru_maxrss``): it must stay under a bound,
+where the grader used to reach 3.6 GB (results) and 2.6 GB (marks). The offending checks score
+zero with the limit named, the others full; nothing of the grade is left.
+
+The attacks are sized so that keeping what they send (as the grader did before the courier's
+caps and judging each launch as it ends) would pass each fault's bound: 4 launches × 240 MiB
+of results, or 4 launches × 600,000 marks of ~350 B, over 1 GiB; 15,000 stacks of ~32 KB in
+one launch, over 640 MiB. A correct grade of lab 01 peaks at about 250 MiB, the result hoard
+at about 650 MiB (4 ranks' 60 MiB frames being read at once), the others under 300 MiB
+(benchmarks/grader_footprint.py). The stack flood's check gets a long timeout: it ends in a
+deadlock once rank 0 has written every stack, however slowly a loaded machine reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from faultkit import LIMITS, ROOT, small_lab, submission, survivors
+
+import autograder.grade as grade_module
+from autograder.grade import grade
+from autograder.judging import judge_launch
+from autograder.lab import find_lab, load_lab
+
+# fault → (checks run, in order; the kind each offending check gets; the pattern its message
+# has; the bound on the grader's peak RSS in MiB; the checks' timeout in s). Every other check
+# must score full.
+MEMORY_FAULTS = {
+    "output_hoard": (["ar4", "ar4", "ar4", "ar4", "tree", "ag"], "result_limit",
+                     r"keeps at most 64 MiB", 1024, 30),
+    "mark_flood": (["ar4", "ar4", "ar4", "ar4", "tree", "ag"], "call_limit",
+                   r"over 50,000 communication calls and marks", 1024, 30),
+    "stack_flood": (["ar", "tree", "ag"], "deadlock", r"rank 0 in 14,99\d more calls", 640, 150),
+}
+
+_CHILD = """
+import dataclasses, json, resource, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from faultkit import LIMITS, small_lab
+from autograder.grade import grade
+from autograder.lab import find_lab, load_lab
+from autograder.report import to_results_json, validate_results
+names, timeout = json.loads(sys.argv[2]), float(sys.argv[4])
+lab = small_lab(load_lab(find_lab("01_collectives"), hidden=False), names)
+lab = dataclasses.replace(lab, checks=[dataclasses.replace(c, timeout=timeout)
+                                       for c in lab.checks])
+limits = dataclasses.replace(LIMITS, wall_s=timeout * len(names) + 60)
+result = grade(lab, Path(sys.argv[1]), limits=limits, workbase=Path(sys.argv[3]))
+problems = validate_results(to_results_json(result))
+print(json.dumps({{"problems": problems, "notes": result.notes,
+                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "checks": [[c.score, c.check.points, c.kind, c.message]
+                             for c in result.checks]}}))
+"""
+
+
+def _grade_in_child(fault: str, names: list[str], timeout: float, tmp_path) -> dict:
+    work = tmp_path / "runs"
+    work.mkdir()
+    path = submission(fault, tmp_path / "submissions")
+    script = tmp_path / "grade_child.py"
+    script.write_text(_CHILD.format(tests=str(ROOT / "tests")))
+    out = subprocess.run([sys.executable, str(script), str(path), json.dumps(names), str(work),
+                          str(timeout)], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=timeout * len(names) + 300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert not survivors(work), f"processes of the grade still running: {survivors(work)}"
+    assert list(work.iterdir()) == [], "the grade's folder was left behind"
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("fault", sorted(MEMORY_FAULTS))
+def test_a_memory_attack_costs_its_checks_and_the_grader_stays_bounded(fault, tmp_path):
+    names, kind, says, bound_mib, timeout = MEMORY_FAULTS[fault]
+    got = _grade_in_child(fault, names, timeout, tmp_path)
+    assert got["problems"] == []
+    for name, (score, points, got_kind, message) in zip(names, got["checks"]):
+        if name.startswith("ar"):
+            assert (score, got_kind) == (0, kind), (name, got_kind, message)
+        else:
+            assert (score, got_kind) == (points, None), (name, got_kind, message)
+    assert re.search(says, got["checks"][0][3]), got["checks"][0][3]
+    if kind.endswith("_limit"):
+        assert any(kind in note for note in got["notes"]), got["notes"]
+    assert got["rss_mib"] < bound_mib, f"the grader peaked at {got['rss_mib']:,.0f} MiB"
+
+
+def test_judging_each_launch_as_it_ends_changes_no_result(tmp_path, monkeypatch):
+    """The same grade (same secret) judged launch by launch, dropping each launch's outputs
+    and record, and judged all at once after the last launch: the same scores, kinds and
+    messages."""
+    lab = small_lab(load_lab(find_lab("01_collectives"), hidden=False), ["ar", "ring", "tree",
+                                                                          "ag"])
+    path = submission("mistake_chunk_order", tmp_path / "submissions")
+    dropped = []
+
+    def judged_now(lab_, record, cases):
+        judge_launch(lab_, record, cases)
+        dropped.append((record.verdicts is not None, record.outputs, record.traffic))
+
+    def summary():
+        result = grade(lab, path, limits=LIMITS, workbase=tmp_path, secret=1234)
+        return [(c.score, c.passed, c.kind, c.message) for c in result.checks]
+
+    monkeypatch.setattr(grade_module, "judge_launch", judged_now)
+    early = summary()
+    monkeypatch.setattr(grade_module, "judge_launch", lambda lab_, record, cases: None)
+    late = summary()
+    assert early == late
+    assert len(dropped) == 4 and all(d == (True, {}, {}) for d in dropped)
+    assert [s[0] for s in early] != [c.points for c in lab.checks]  # the mistake shows
