@@ -41,6 +41,10 @@ def grade_command(sub: Path, lab_dir: Path, results: Path, device: str,
     return cmd, {**os.environ, **grade_env(device, gpus)}
 
 
+STOP_GRACE_S = 30.0
+"""Seconds a grader that ran past its time gets to clean up after SIGTERM before SIGKILL."""
+
+
 def _grade_one(sub: Path, lab_dir: Path, out: Path, timeout: float, device: str = "cpu",
                sets: Queue | None = None) -> tuple[Path, dict, float]:
     target = out / sub.stem
@@ -49,10 +53,20 @@ def _grade_one(sub: Path, lab_dir: Path, out: Path, timeout: float, device: str 
     start = time.monotonic()
     gpus = sets.get() if sets is not None else None
     cmd, env = grade_command(sub, lab_dir, results, device, gpus)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-        (target / "report.txt").write_text(proc.stdout + proc.stderr)
+        stdout, stderr = proc.communicate(timeout=timeout)
+        (target / "report.txt").write_text(stdout + stderr)
     except subprocess.TimeoutExpired:
+        # SIGTERM first: the grader unwinds (its ranks stopped, its folder removed, a zero
+        # results.json written); SIGKILL only if that cleanup itself hangs.
+        proc.terminate()
+        try:
+            proc.communicate(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
         (target / "report.txt").write_text(f"the grader itself ran past {timeout:g} s\n")
     finally:
         if sets is not None:

@@ -15,8 +15,11 @@ grader itself failed (a results.json is still written where one was asked for).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -59,6 +62,11 @@ def _grade(args) -> int:
         device, gpus = _device(args, lab)
         limits = Limits(wall_s=args.timeout) if args.timeout else Limits()
         result = grade(lab, submission, limits=limits, device=device, gpus=gpus)
+    except Stopped as stop:
+        if args.json:  # never leave Gradescope without a results.json
+            _internal_error(args.json, f"The grade was stopped ({stop.name}) before it "
+                                       "finished; nothing was judged.")
+        raise
     except Exception:
         if args.json:  # never leave Gradescope without a results.json
             _internal_error(args.json, traceback.format_exc())
@@ -283,11 +291,45 @@ def main(argv: list[str] | None = None) -> int:
     # get their set explicitly (autograder.devices).
     args.gpus = _visible() if getattr(args, "device", "cpu") != "cpu" else []
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    with _stopped_cleanly():
+        try:
+            return args.run(args)
+        except (ValueError, FileExistsError) as err:
+            print(f"autograder {args.command}: {err}", file=sys.stderr)
+            return 2
+
+
+class Stopped(SystemExit):
+    """The command was asked to stop by a signal; exits with 128 + its number, as a shell
+    reports a process killed by it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.name = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def _stopped_cleanly():
+    """SIGTERM or SIGHUP (a batch's timeout, SLURM's scancel, a closed terminal) unwind the
+    command like Ctrl-C does, so every `finally` runs: the grade's ranks and fork server are
+    stopped and its /tmp/grade-* folder removed. Python's default for SIGTERM is to die on the
+    spot, which left both behind. A second signal during that cleanup is ignored (SIGKILL still
+    works). Installed only while the command runs, and only from the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, _frame):
+        for s in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return args.run(args)
-    except (ValueError, FileExistsError) as err:
-        print(f"autograder {args.command}: {err}", file=sys.stderr)
-        return 2
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 __all__ = ["main", "parser"]

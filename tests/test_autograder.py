@@ -5,8 +5,11 @@ sandbox confines files, and the CLI's commands work. (Bad submissions: test_auto
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -289,3 +292,64 @@ def test_a_lab_may_allow_collectives_and_toolkit_modules(tmp_path):
     assert result.score == 0 and result.checks[0].kind == "builtin_collective"
     message = result.checks[0].message
     assert "broadcast" in message and "allows all_reduce" in message
+
+
+def test_sigterm_stops_a_grade_and_leaves_nothing(tmp_path):
+    """A batch's timeout or SLURM's scancel sends SIGTERM: the grader unwinds (its ranks and
+    fork server stopped, its grade folder removed), writes a zero results.json that says it was
+    stopped, and exits with 128 + 15. The submission's rank 0 sleeps inside the first check, so
+    the grade is mid-launch when the signal comes (we wait for its ranks to exist; no timing)."""
+    from faultkit import submission, survivors
+
+    sub = submission("sleep_forever", tmp_path / "subs")
+    work = tmp_path / "tmp"
+    work.mkdir()
+    out = tmp_path / "results.json"
+    env = {**os.environ, "TMPDIR": str(work)}
+    proc = subprocess.Popen([sys.executable, "-m", "autograder", "grade", str(sub.parent),
+                             "--lab", "01_collectives", "--json", str(out), "--no-hidden"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(2400):  # up to 240 s for the ranks to start on a busy machine
+            if survivors(work) or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None and survivors(work), "the grade's ranks never started"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert not list(work.glob("grade-*"))
+    for _ in range(300):  # the ranks' exit is seen a little later on a loaded machine
+        if not survivors(work):
+            break
+        time.sleep(0.1)
+    assert not survivors(work)
+    results = json.loads(out.read_text())
+    assert results["score"] == 0 and "stopped (SIGTERM)" in results["output"]
+
+
+def test_batch_stops_a_grade_past_its_time_and_leaves_nothing(tmp_path, monkeypatch):
+    """The batch's per-grade timeout sends SIGTERM (then SIGKILL after a grace): whenever it
+    lands (while the grader starts, or mid-launch), the submission gets a zero results.json and
+    no grade folder or rank survives."""
+    from faultkit import submission, survivors
+
+    from autograder.batch import _grade_one
+
+    sub = submission("sleep_forever", tmp_path / "subs")
+    work = tmp_path / "tmp"
+    work.mkdir()
+    monkeypatch.setenv("TMPDIR", str(work))
+    _, data, _ = _grade_one(sub.parent, find_lab("01_collectives"), tmp_path / "out", timeout=8)
+    assert data["score"] == 0
+    assert "ran past 8 s" in (tmp_path / "out" / "sleep_forever" / "report.txt").read_text()
+    assert not list(work.glob("grade-*"))
+    for _ in range(300):  # the ranks' exit is seen a little later on a loaded machine
+        if not survivors(work):
+            break
+        time.sleep(0.1)
+    assert not survivors(work)
