@@ -135,7 +135,7 @@ def _sums(flats: list[torch.Tensor], a: int, b: int,
 
 def unexplained_message(r: CaseResult, bounds: Sequence[tuple[int, int]], *,
                         sets: Sequence[Sequence[int]] | None = None,
-                        case: str = "") -> Verdict | None:
+                        case: str = "", split: str = "the lab's chunk_bounds") -> Verdict | None:
     """A failed verdict for the first message (as the courier saw it) whose values are not,
     for any chunk ``bounds[j]``, the sum of the inputs of one of `sets` of ranks (default:
     every non-empty set); None when every message is explained. A message whose bytes the
@@ -168,7 +168,9 @@ def unexplained_message(r: CaseResult, bounds: Sequence[tuple[int, int]], *,
             else:
                 where = f" ({case})" if case else ""
                 return Verdict(False, f"rank {rank}'s message {k + 1} (to rank {op.peer}, "
-                                      f"{got.numel():,} values) carried values that are no sum "
-                                      f"of the ranks' inputs over one chunk{where}: every message "
-                                      "must carry real data (a chunk, or a partial sum of it)")
+                                      f"{got.numel():,} values) is neither a chunk of an input "
+                                      "nor a partial sum of the inputs over one chunk, with "
+                                      f"chunks as {split} cuts the tensor{where}. Each message "
+                                      "is compared with those: cut the tensor that way, and "
+                                      "send each chunk (or its running sum) as one message")
     return None

@@ -191,6 +191,10 @@ def scan_notebook(path: Path) -> list[Finding]:
     return sorted(set(found), key=lambda f: (f.function, f.line))
 
 
+GRADER_SIDE = ("checks.py", "expected.py", "layouts.py")
+"""File names in a lab folder that only the grader runs (never in a rank)."""
+
+
 def rank_side_files() -> tuple[list[Path], list[Path]]:
     """(modules, notebooks) holding rank-side code."""
     def rank_side(path: Path) -> bool:
@@ -198,10 +202,10 @@ def rank_side_files() -> tuple[list[Path], list[Path]]:
         return rel not in HOST_ONLY and not rel.startswith(("toolkit/viz/", "toolkit/widgets/"))
 
     modules = [p for p in sorted((ROOT / "toolkit").rglob("*.py")) if rank_side(p)]
-    # Labs: the reference solutions and the harness run in the ranks; checks.py, hidden/ and
-    # expected.py are the grader's (CPU, trusted) side.
-    modules += [p for p in sorted(ROOT.glob("labs/*/*.py"))
-                if p.name not in ("checks.py", "expected.py")]
+    # Labs: the reference solutions and the harness run in the ranks; checks.py, hidden/,
+    # expected.py and layouts.py (inputs the grader builds from its secret; never copied into
+    # the sandbox) are the grader's (CPU, trusted) side.
+    modules += [p for p in sorted(ROOT.glob("labs/*/*.py")) if p.name not in GRADER_SIDE]
     notebooks = sorted(ROOT.glob("lessons/*.ipynb")) + sorted(ROOT.glob("labs/*/playground.ipynb"))
     return modules, notebooks
 

@@ -1,6 +1,7 @@
 """Fair to every correct solution (issue 19, section 5): independent correct solutions of labs
-02-05 and 07, written from the student editions and kept in tests/fairness/, score 100 with the
-hidden checks; the feedback on the usual mistakes names them; a lab slug never resolves to a
+02-05 and 07, written from the student editions and kept in tests/fairness/, and lab 01's
+reference with correct variants (other cuts, other ring directions), score 100 with the hidden
+checks; the feedback on the usual mistakes names them; a lab slug never resolves to a
 student copy."""
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ FAIRNESS = ROOT / "tests" / "fairness"
 
 
 def _solution(lab: str, base: str, variant: str | None, folder: Path) -> Path:
-    text = (FAIRNESS / lab / base).read_text()
+    own = FAIRNESS / lab / base  # an independent solution, or the lab's reference with a variant
+    text = (own if own.exists() else ROOT / "labs" / lab / base).read_text()
     if variant:
         text += f"\n\n# ---- variant: {variant} ----\n\n"
         text += (FAIRNESS / lab / f"{variant}.py").read_text()
@@ -31,6 +33,8 @@ def _solution(lab: str, base: str, variant: str | None, folder: Path) -> Path:
 @pytest.mark.multirank
 @pytest.mark.slow
 @pytest.mark.parametrize("lab, base, variant", [
+    ("01_collectives", "collectives.py", "torch_chunk_all_reduce"),
+    ("01_collectives", "collectives.py", "all_gather_other_way"),
     ("02_ddp", "ddp.py", "barrier_in_finish"),
     ("02_ddp", "ddp.py", "wait_all_futures"),
     ("03_sharded_optimizer", "sharding.py", None),

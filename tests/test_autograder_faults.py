@@ -80,11 +80,20 @@ CASES = {
     "recompute_from_seed": (["ar", "tree"], {"ar": "wrong_result"}, [r"wrong on ranks? "], set()),
     # The red team's traffic cheats: per-peer facts and unkept bytes, not counts alone.
     "hub_all_reduce": (["ring4", "tree"], {"ring4": "wrong_result"},
-                       [r"rank 0 sent to ranks \[1, 2, 3\]", r"one neighbour"], set()),
+                       [r"rank 0 received 49,152 bytes", r"receives as much as it sends"],
+                       set()),
     "chain_broadcast": (["bcast", "tree"], {"tree": "wrong_result"},
-                        [r"took 3 hops", r"⌈log₂ 4⌉ = 2", r"chain"], set()),
+                        [r"in round 3", r"⌈log₂ 4⌉ = 2", r"chain"], set()),
+    "tree_fanout": (["bcast", "tree"], {"tree": "wrong_result"},
+                    [r"got the tensor in round 3", r"⌈log₂ 4⌉ = 2 rounds"], set()),
     "keep_starved": (["ring", "ar"], {"ring": "wrong_result"},
                      [r"could not be checked", r"keeps per launch \(64 MiB\)"], set()),
+    # The second red team's forged frames, which crashed the grader (a TypeError in torch).
+    "frame_overflow_op": (["ar", "bcast"], {"bcast": "tampering"}, [r"does not accept"], set()),
+    "frame_overflow_output": (["ar", "bcast"], {"bcast": "tampering"},
+                              [r"does not accept", r"bad shape"], set()),
+    "frame_unhashable_dtype": (["ar", "bcast"], {"bcast": "tampering"}, [r"does not accept"],
+                               set()),
     # Recognised mistakes: partial scores, feedback that names the mistake.
     "mistake_averaged": (["ar", "tree"], {"ar": "wrong_result"}, [r"averaged instead of summed"],
                          set()),

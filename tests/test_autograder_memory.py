@@ -36,6 +36,8 @@ MEMORY_FAULTS = {
                      r"keeps at most 64 MiB", 1024, 30),
     "mark_flood": (["ar4", "ar4", "ar4", "ar4", "tree", "ag"], "call_limit",
                    r"over 50,000 communication calls and marks", 1024, 30),
+    "result_tree_bomb": (["ar4", "ar4", "tree", "ag"], "result_limit",
+                         r"more than 20,000 values", 1024, 60),
     "stack_flood": (["ar", "tree", "ag"], "deadlock", r"rank 0 in 14,99\d more calls", 640, 150),
 }
 

@@ -150,11 +150,47 @@ def test_collectives_that_differ_are_a_mismatch():
     ({"k": "wait", "id": 99}, b""),
     ({"k": "mark", "label": ["not", "text"]}, b""),
     ({"k": "seize the grader"}, b""),
+    # the second red team's (2026-11-24): zero bytes but extents torch cannot stride, a dtype
+    # that is a JSON list (unhashable), the same in an output and in a collective's input
+    ({"k": "op", "id": 0, "op": "send", "group": [0, 1], "peer": 1,
+      "inputs": [["float32", [2**63, 0], 0, 0]], "outputs": []}, b""),
+    ({"k": "output", "case": 0, "tree": {"__tensor__": ["float32", [2**63, 0], 0, 0]}}, b""),
+    ({"k": "op", "id": 0, "op": "send", "group": [0, 1], "peer": 1,
+      "inputs": [[["float32"], [1], 0, 4]], "outputs": []}, bytes(4)),
+    ({"k": "output", "case": 0, "tree": {"__tensor__": [["float32"], [1], 0, 4]}}, bytes(4)),
+    ({"k": "op", "id": 0, "op": "all_reduce", "group": [0, 1], "reduce": "sum",
+      "inputs": [["float32", [2**40, 2**40, 0], 0, 0]], "outputs": []}, b""),
 ])
 def test_frames_outside_the_protocol_are_tampering_not_a_crash(meta, payload):
-    c = courier()
+    c = courier(allowed=frozenset({"all_reduce"}))
     handle(c, 0, meta, payload)
     assert c.failure is not None and c.failure.kind == "tampering" and c.failure.rank == 0
+
+
+def test_an_error_no_check_foresaw_is_tampering_not_a_grader_failure(monkeypatch):
+    """Whatever a frame makes the courier raise costs that rank's launch, never the grade."""
+    from autograder.sandbox import courier_frames
+
+    def broken(*_args):
+        raise OverflowError("cannot convert")
+
+    c = courier()
+    monkeypatch.setattr(courier_frames, "_handle", broken)
+    handle(c, 1, {"k": "mark", "label": "x"}, b"")
+    assert c.failure.kind == "tampering" and c.failure.rank == 1
+    assert "OverflowError: cannot convert" in c.failure.message
+
+
+def test_results_are_capped_in_values_as_well_as_bytes():
+    """A tree of empty lists carries no bytes but costs the grader ~70 B a node."""
+    from autograder.sandbox.courier import RESULT_NODES
+
+    c = courier()
+    handle(c, 0, {"k": "output", "case": 0, "tree": [[] for _ in range(RESULT_NODES)]}, b"")
+    assert c.failure.kind == "result_limit" and f"{RESULT_NODES:,} values" in c.failure.message
+    c = courier()
+    handle(c, 0, {"k": "output", "case": 0, "tree": [[] for _ in range(100)]}, b"")
+    assert c.failure is None
 
 
 def test_the_first_frame_must_be_the_ranks_hello():

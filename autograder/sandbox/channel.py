@@ -30,6 +30,7 @@ HEADER = struct.Struct("<II")
 MAX_META = 4 << 20          # bytes of JSON per frame
 MAX_PAYLOAD = 64 << 20      # bytes of tensor data per frame
 MAX_DEPTH = 32              # nesting of lists and dicts in a tree
+MAX_EXTENT = 1 << 40        # product of a tensor's dimensions (zeros as ones)
 DTYPES = {name: getattr(torch, name) for name in (
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
     "bool", "complex64", "complex128")}
@@ -149,12 +150,20 @@ def pack(value: Any) -> tuple[Any, bytes]:
     return tree, b"".join(parts)
 
 
+def good_shape(shape: Any) -> bool:
+    """A list of at most 16 non-negative ints whose extents multiply (zeros counted as ones)
+    to at most MAX_EXTENT: a zero-byte tensor of shape [2**63, 0] passes every size check but
+    overflows torch's stride arithmetic, so every dimension is bounded, not just the bytes."""
+    return isinstance(shape, list) and len(shape) <= 16 and all(
+        isinstance(s, int) and not isinstance(s, bool) and 0 <= s for s in shape) \
+        and math.prod(max(s, 1) for s in shape) <= MAX_EXTENT
+
+
 def make_tensor(dtype: str, shape: Any, raw: bytes) -> torch.Tensor:
     """A tensor of `dtype` and `shape` from exactly its bytes; FrameError otherwise."""
-    if dtype not in DTYPES:
-        raise FrameError(f"unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool)
-                                              and 0 <= s for s in shape) or len(shape) > 16:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise FrameError(f"unknown dtype {str(dtype)[:40]!r}")
+    if not good_shape(shape):
         raise FrameError(f"bad shape {str(shape)[:80]}")
     kind = DTYPES[dtype]
     item = torch.empty(0, dtype=kind).element_size()
@@ -169,10 +178,27 @@ def make_tensor(dtype: str, shape: Any, raw: bytes) -> torch.Tensor:
     return flat.view(kind).reshape(shape).clone()
 
 
+class TreeTooLarge(FrameError):
+    """A tree with more nodes than the caller allows (see `unpack`)."""
+
+
 def unpack(tree: Any, payload: bytes) -> Any:
     """The values `pack` encoded. Raises FrameError on anything malformed."""
+    return unpack_counted(tree, payload)[0]
+
+
+def unpack_counted(tree: Any, payload: bytes, *, max_nodes: int | None = None
+                   ) -> tuple[Any, int]:
+    """(`unpack`'s values, the tree's nodes); TreeTooLarge past `max_nodes` nodes (lists,
+    dicts, tensors and leaves count one each): 4 MiB of JSON holds over a million empty lists,
+    about 100 MiB once built, so what a grader keeps is bounded in nodes as well as bytes."""
+    count = 0
 
     def walk(node: Any, depth: int) -> Any:
+        nonlocal count
+        count += 1
+        if max_nodes is not None and count > max_nodes:
+            raise TreeTooLarge(f"more than {max_nodes:,} values")
         if depth > MAX_DEPTH:
             raise FrameError("tree nested too deeply")
         if isinstance(node, list):
@@ -204,9 +230,9 @@ def unpack(tree: Any, payload: bytes) -> Any:
             return node
         raise FrameError(f"unexpected {type(node).__name__}")
 
-    return walk(tree, 0)
+    return walk(tree, 0), count
 
 
-__all__ = ["DTYPES", "FrameError", "FrameReader", "MAX_META", "MAX_PAYLOAD", "decode_meta",
-           "dtype_name", "encode_frame", "make_tensor", "pack", "recv_frame", "send_frame",
-           "tensor_bytes", "unpack"]
+__all__ = ["DTYPES", "FrameError", "FrameReader", "MAX_META", "MAX_PAYLOAD", "TreeTooLarge",
+           "decode_meta", "dtype_name", "encode_frame", "good_shape", "make_tensor", "pack",
+           "recv_frame", "send_frame", "tensor_bytes", "unpack", "unpack_counted"]

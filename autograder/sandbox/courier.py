@@ -24,14 +24,15 @@ above what the busiest launch of a reference solution of labs 01-07 needs (in pa
 `benchmarks/grader_footprint.py`, hidden checks included): calls and marks MAX_CALLS ×
 CALL_RECORD_BYTES = 50,000 × 1,100 B ≈ 52 MiB (260), then call_limit; stacks of waits p ×
 MAX_STACKS × STACK_BYTES = p × 16 × 32 KiB, 2 MiB at 4 ranks (1 per rank), later ones not kept;
-results RESULT_BYTES = 64 MiB (1.0 MiB), then result_limit; message contents KEEP_BYTES =
-64 MiB (1.5 MiB), later ones not kept; sends and collective inputs awaiting their peers
-HELD_BYTES = 64 MiB (0.13 MiB) and replies not yet read, all ranks together, OUTBOX_BYTES =
-64 MiB (0.75 MiB), then memory_limit. A record is an `Op` with its id and, while it waits, its
-`Pending`: a pending receive is the largest (1,004 B, tracemalloc, `tests/test_courier_limits`),
-a mark of 200 characters about 350 B. With the frames being read (one per rank at most,
-`channel.MAX_META` + `MAX_PAYLOAD`), one launch is bounded by about 0.6 GiB at 4 ranks over
-the grader's own 250-310 MiB.
+results RESULT_BYTES = 64 MiB (1.0 MiB) and RESULT_NODES = 20,000 values (1,640: a tree of
+empty lists costs no bytes but ~70 B of grader memory per node), then result_limit; message
+contents KEEP_BYTES = 64 MiB (1.5 MiB), later ones not kept; sends and collective inputs
+awaiting their peers HELD_BYTES = 64 MiB (0.13 MiB) and replies not yet read, all ranks
+together, OUTBOX_BYTES = 64 MiB (0.75 MiB), then memory_limit. A record is an `Op` with its id
+and, while it waits, its `Pending`: a pending receive is the largest (1,004 B, tracemalloc,
+`tests/test_courier_limits`), a mark of 200 characters about 350 B. With the frames being read
+(one per rank at most, `channel.MAX_META` + `MAX_PAYLOAD`), one launch is bounded by about 0.6
+GiB at 4 ranks over the grader's own 250-310 MiB.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ from .reduce import COLLECTIVES, ROOTED, CollectiveError
 KEEP_BYTES = 64 << 20     # contents of sends kept for the judges (1.5 MiB)
 HELD_BYTES = 64 << 20     # sends and collective inputs waiting for their peers (0.13 MiB)
 RESULT_BYTES = 64 << 20   # results the ranks return (1.0 MiB)
+RESULT_NODES = 20_000     # values in results: tensors, lists, numbers (RESULT_NODES_USED)
+RESULT_NODES_USED = 1_640  # the most a reference's launch returns (labs 01-07, hidden included)
 OUTBOX_BYTES = 64 << 20   # replies not yet read, all ranks together (0.75 MiB)
 MAX_CALLS = 50_000        # calls and marks recorded, each one kept (240 + 120)
 MAX_STACKS = 16           # stacks kept per rank of the calls it waits on at once (1)
@@ -124,7 +127,7 @@ class Courier:
             collections.deque)
         self.colls: dict[tuple[int, ...], list[collections.deque]] = {}
         self.arrival = 0
-        self.kept = self.held = self.returned = self.calls = 0
+        self.kept = self.held = self.returned = self.calls = self.result_nodes = 0
         self.failure: Failure | None = None
         self.ended: RankEnd | None = None
         """The first rank that reported an error or vanished (classified by the session)."""

@@ -25,8 +25,9 @@ from typing import Any
 
 from ..protocol import Op, RankEnd, canonical_op
 from ..sanitize import printable
-from .channel import DTYPES, MAX_PAYLOAD, FrameError, make_tensor, unpack
-from .courier import RESULT_BYTES, Courier, Pending
+from .channel import (DTYPES, MAX_PAYLOAD, FrameError, TreeTooLarge, good_shape, make_tensor,
+                      unpack_counted)
+from .courier import RESULT_BYTES, RESULT_NODES, RESULT_NODES_USED, Courier, Pending
 from .reduce import COLLECTIVES, ROOTED
 
 OPS = frozenset({"send", "recv", "alltoall", "alltoall_base"} | set(COLLECTIVES))
@@ -52,9 +53,8 @@ def _str(value: Any, what: str, cap: int = 200) -> str:
 
 
 def _spec(value: Any, what: str) -> tuple[str, list[int]]:
-    if not (isinstance(value, list) and len(value) >= 2 and value[0] in DTYPES
-            and isinstance(value[1], list) and len(value[1]) <= 16
-            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value[1])):
+    if not (isinstance(value, list) and len(value) >= 2 and isinstance(value[0], str)
+            and value[0] in DTYPES and good_shape(value[1])):
         raise Refused(f"{what} is not a (dtype, shape) pair")
     return value[0], list(value[1])
 
@@ -177,6 +177,10 @@ def handle(c: Courier, rank: int, meta: dict, payload: bytes) -> None:
     except Refused as err:
         c.fail("tampering", f"Rank {rank} wrote a frame the grader's courier does not accept "
                             f"({err}): only torch.distributed calls may use the channel.", rank)
+    except Exception as err:  # noqa: BLE001 - a frame no check foresaw must not fail the grader
+        c.fail("tampering", f"Rank {rank} wrote a frame the grader's courier could not apply "
+                            f"({type(err).__name__}: {printable(str(err)[:200])}): only "
+                            "torch.distributed calls may use the channel.", rank)
 
 
 def _handle(c: Courier, rank: int, meta: dict, payload: bytes) -> None:
@@ -208,9 +212,16 @@ def _handle(c: Courier, rank: int, meta: dict, payload: bytes) -> None:
                                    "about 1 MiB at most).", rank)
             return
         try:
-            state.outputs[case.index] = unpack(meta.get("tree"), payload)
+            state.outputs[case.index], nodes = unpack_counted(
+                meta.get("tree"), payload, max_nodes=RESULT_NODES - c.result_nodes)
+        except TreeTooLarge:
+            c.fail("result_limit", f"The ranks returned more than {RESULT_NODES:,} values "
+                                   "(tensors, lists, numbers) in one launch; a correct "
+                                   f"solution returns at most {RESULT_NODES_USED:,}.", rank)
+            return
         except (FrameError, RecursionError) as err:
             raise Refused(f"its output: {err}") from None
+        c.result_nodes += nodes
         c.next_case(rank)
     elif kind == "error":
         if c.ended is None:

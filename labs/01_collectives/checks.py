@@ -91,9 +91,25 @@ def judge_all_gather(r: CaseResult) -> Verdict:
                            what="the gathered tensor", case=_label(r))
 
 
-def _traffic(r: CaseResult, *, messages: int, factor: int, what: str) -> Verdict:
+def _splits(n: int, p: int) -> tuple[list[tuple[int, int]], str]:
+    """The chunks a correct all-reduce may cut n elements into, and how to name them: the
+    lab's `chunk_bounds` (as torch.tensor_split), torch.chunk's (⌈n/p⌉ each, fewer at the end)
+    and n // p each with the remainder in the last. The values check does not care, so the
+    traffic check accepts all three."""
+    size = -(-n // p)
+    chunked = [(a, min(n, a + size)) for a in range(0, n, size)]
+    base = n // p
+    last = [(i * base, n if i == p - 1 else (i + 1) * base) for i in range(p)]
+    bounds = list(dict.fromkeys(chunk_bounds(n, p) + chunked + last))
+    return bounds, "chunk_bounds (torch.tensor_split), torch.chunk or n // p with the rest last"
+
+
+def _traffic(r: CaseResult, *, messages: int, factor: int, what: str,
+             any_split: bool = False) -> Verdict:
     """Each rank sends `messages` messages (when every chunk is non-empty) and `factor` chunks'
-    worth of bytes: exactly factor·X/p when p divides n, and factor·X over all ranks."""
+    worth of bytes: exactly factor·X/p when p divides n, and factor·X over all ranks.
+    `any_split`: messages may follow any of `_splits` (an all-reduce's output does not show how
+    it was cut); otherwise `chunk_bounds` (the output of reduce-scatter and all-gather does)."""
     p, x0 = r.world_size, r.inputs[0]
     n, size = x0.numel(), x0.element_size()
     sent = [t.bytes_sent for t in r.traffic]
@@ -113,36 +129,45 @@ def _traffic(r: CaseResult, *, messages: int, factor: int, what: str) -> Verdict
     problem = problem or _ring_problem(r, lo, hi)
     if problem:
         return Verdict(False, f"{problem} ({_label(r)}). {what}")
-    return unexplained_message(r, chunk_bounds(n, p), case=_label(r)) or Verdict(True)
+    bounds, split = _splits(n, p) if any_split else (chunk_bounds(n, p), "chunk_bounds")
+    return unexplained_message(r, bounds, case=_label(r), split=split) or Verdict(True)
 
 
 def _ring_problem(r: CaseResult, lo: int, hi: int) -> str | None:
-    """What makes this traffic no ring, or None: in a ring every rank sends to one neighbour
-    and receives from the other, receives as many bytes as it sends (lo..hi), and following
-    "sends to" from rank 0 visits every rank once before coming back (one cycle of length p;
-    either direction, any order of ranks). Counts alone cannot tell a ring from a star whose
-    hub relays as many messages: these per-peer facts can."""
+    """What makes this traffic no ring, or None: in a ring every rank receives as many bytes as
+    it sends (lo..hi), and in each phase (the first p − 1 messages of a rank, then the next
+    p − 1 for an all-reduce's all-gather) it sends to one neighbour and receives from the other,
+    and following "sends to" from rank 0 visits every rank once before coming back (one cycle
+    of length p; either direction, any order of ranks, the two phases may differ). Counts alone
+    cannot tell a ring from a star whose hub relays as many messages: these per-peer facts
+    can. Message counts are checked before (p − 1 per phase)."""
     p = r.world_size
     if p < 3:  # at p = 2 every exchange is between the only two ranks: any pattern is a ring
         return None
-    to, came = {}, {}
     for rank, t in enumerate(r.traffic):
-        dsts = sorted({o.peer for o in t.sends})
-        srcs = sorted({o.peer for o in t.receives})
-        if len(dsts) != 1 or len(srcs) != 1:
-            return (f"rank {rank} sent to ranks {dsts} and received from ranks {srcs}; in a "
-                    "ring each rank sends to one neighbour and receives from the other only")
         if not lo <= t.bytes_received <= hi:
             return (f"rank {rank} received {t.bytes_received:,} bytes; a ring rank receives "
                     f"as much as it sends ({lo:,}" + (f" to {hi:,})" if hi != lo else ")"))
-        to[rank], came[rank] = dsts[0], srcs[0]
-    seen, rank = [], 0
-    while rank not in seen:
-        seen.append(rank)
-        rank = to[rank]
-    if len(seen) != p:
-        return (f"the ranks' messages go round {' → '.join(map(str, seen + [rank]))} without "
-                f"visiting all {p} ranks; a ring is one cycle through every rank")
+    phases = max(1, len(r.traffic[0].sends) // (p - 1))
+    for phase in range(phases):
+        part = slice(phase * (p - 1), (phase + 1) * (p - 1))
+        which = f" in phase {phase + 1}" if phases > 1 else ""
+        to = {}
+        for rank, t in enumerate(r.traffic):
+            dsts = sorted({o.peer for o in t.sends[part]})
+            srcs = sorted({o.peer for o in t.receives[part]})
+            if len(dsts) != 1 or len(srcs) != 1:
+                return (f"rank {rank} sent to ranks {dsts} and received from ranks {srcs}"
+                        f"{which}; in a ring each rank sends to one neighbour and receives "
+                        "from the other only")
+            to[rank] = dsts[0]
+        seen, rank = [], 0
+        while rank not in seen:
+            seen.append(rank)
+            rank = to[rank]
+        if len(seen) != p:
+            return (f"the ranks' messages{which} go round {' → '.join(map(str, seen + [rank]))} "
+                    f"without visiting all {p} ranks; a ring is one cycle through every rank")
     return None
 
 
@@ -151,7 +176,7 @@ def judge_ring_traffic(r: CaseResult) -> Verdict:
     if not values.passed:
         return values
     p = r.world_size
-    return _traffic(r, messages=2 * (p - 1), factor=2 * (p - 1),
+    return _traffic(r, messages=2 * (p - 1), factor=2 * (p - 1), any_split=True,
                     what=f"A ring all-reduce sends 2(p−1) = {2 * (p - 1)} messages of one chunk "
                          f"each, 2(p−1)/p·X bytes per rank.")
 
@@ -172,27 +197,38 @@ def judge_tree_traffic(r: CaseResult) -> Verdict:
                                   f"tree no rank sends more than ⌈log₂ {p}⌉ = {rounds} "
                                   f"({_label(r)}). One root sending to everyone is a linear "
                                   "broadcast, not a tree.")
-    depth = _tree_depth(r, src)
-    if depth > rounds:
-        return Verdict(False, f"the tensor took {depth} hops to reach the farthest rank; a "
-                              f"binomial tree reaches every rank in ⌈log₂ {p}⌉ = {rounds} rounds "
-                              f"({_label(r)}). Each rank that has the data should send it on "
-                              "in every round: a chain (root → root+1 → …) takes p − 1.")
+    latest = _tree_rounds(r, src)
+    if latest > rounds:
+        return Verdict(False, f"the last rank got the tensor in round {latest}; a binomial tree "
+                              f"reaches every rank in ⌈log₂ {p}⌉ = {rounds} rounds "
+                              f"({_label(r)}). A rank's k-th send happens in round (the round "
+                              "it received in) + k: every rank that has the data should send "
+                              "it on in every round, not a chain (root → root+1 → …) or a few "
+                              "ranks fanning out one after another.")
     return unexplained_message(r, [(0, x.numel())], sets=[(src,)], case=_label(r)) \
         or Verdict(True)
 
 
-def _tree_depth(r: CaseResult, src: int) -> int:
-    """Hops from the root to the farthest rank, following who each rank received from (every
-    non-root received exactly once: checked before). A cycle counts as deeper than any tree."""
+def _tree_rounds(r: CaseResult, src: int) -> int:
+    """The round in which the last rank received, on the binomial tree's clock: the root has
+    the data at round 0, and a rank that received in round t makes its k-th send (in the order
+    the courier saw its sends) in round t + k, at the earliest, since one rank sends one message
+    at a time. Depth alone misses a rank fanning out to many children one after another.
+    Every non-root received exactly once (checked before); a cycle counts as later than any
+    tree."""
+    p = r.world_size
     parent = {rank: t.receives[0].peer for rank, t in enumerate(r.traffic) if rank != src}
-    deepest = 0
-    for rank in parent:
-        hops, at = 0, rank
-        while at != src and hops <= r.world_size:
-            at, hops = parent.get(at, src), hops + 1
-        deepest = max(deepest, hops)
-    return deepest
+    order = {(rank, o.peer): k + 1 for rank, t in enumerate(r.traffic)
+             for k, o in enumerate(t.sends)}
+    got = {src: 0}
+
+    def round_of(rank: int, seen: int = 0) -> int:
+        if rank not in got:
+            up = parent.get(rank, src)
+            got[rank] = p * p if seen > p else round_of(up, seen + 1) + order.get((up, rank), 1)
+        return got[rank]
+
+    return max((round_of(rank) for rank in parent), default=0)
 
 
 def judge_rs_traffic(r: CaseResult) -> Verdict:
@@ -221,7 +257,8 @@ CHECKS = [
           cases((2, 3, 4), (8, 1001)), judge_all_reduce,
           about="Sizes that divide by p and sizes that do not, float32, 2-4 ranks."),
     Check("ring_all_reduce: 2(p−1) messages, 2(p−1)/p·X bytes per rank", 5, "all_reduce",
-          cases((2, 4), (4096,), seed=20), judge_ring_traffic,
+          cases((2, 4), (4096,), seed=20) + cases((3,), (1001,), seed=25),
+          judge_ring_traffic,
           about="Seen by the grader's courier, values included; torch's built-in collectives "
                 "are not allowed."),
     Check("tree_broadcast: every rank ends with the root's tensor", 7, "broadcast",
