@@ -2,9 +2,10 @@
 all-reduce built from it has phases in opposite directions; each phase is a ring (second red
 team: the check once pooled both phases' peers).
 """
+# ruff: noqa: F811, F821 - appended to collectives.py (defines torch, dist, exchange, ...)
 
 
-def ring_all_gather(output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:  # noqa: F811
+def ring_all_gather(output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
     rank, p = dist.get_rank(), dist.get_world_size()
     bounds = chunk_bounds(output.numel(), p)
     out = output.view(-1)

@@ -2,6 +2,7 @@
 that cuts the tensor with torch.chunk (⌈n/p⌉ per piece, the last shorter) instead of
 chunk_bounds. Its result is exact; the traffic check accepts the cut (second red team).
 """
+# ruff: noqa: F811, F821 - appended to collectives.py (defines torch, dist, exchange, ...)
 
 def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     """Replace `tensor` (in place) by the element-wise sum over all ranks: a reduce-scatter then
@@ -49,7 +50,7 @@ def tree_broadcast(tensor: torch.Tensor, src: int) -> torch.Tensor:
 # FAIRNESS: a correct ring all-reduce (reduce-scatter then all-gather, 2(p-1) messages, one
 # neighbour each way) that cuts the tensor with torch.chunk (ceil(n/p)-sized pieces, last one
 # shorter) instead of chunk_bounds. The result is exact; the ring is the textbook one.
-def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:  # noqa: F811
+def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     rank, p = dist.get_rank(), dist.get_world_size()
     if p == 1:
         return tensor
