@@ -16,6 +16,7 @@ import ast
 import dataclasses
 import json
 import re
+import time
 from pathlib import Path
 
 import psutil
@@ -73,6 +74,17 @@ def survivors(folder: Path) -> list[str]:
         except psutil.Error:
             pass
     return out
+
+
+def wait_gone(folder: Path, tries: int = 300) -> list[str]:
+    """`survivors(folder)` once they are gone or after `tries` × 0.1 s: a rank's exit is seen a
+    little later on a loaded machine, so a test waits for the invariant rather than timing it."""
+    for _ in range(tries):
+        left = survivors(folder)
+        if not left:
+            return left
+        time.sleep(0.1)
+    return survivors(folder)
 
 
 def source(fault: str, reference: Path = REFERENCE, folder: Path = FAULTS) -> str:

@@ -299,7 +299,7 @@ def test_sigterm_stops_a_grade_and_leaves_nothing(tmp_path):
     fork server stopped, its grade folder removed), writes a zero results.json that says it was
     stopped, and exits with 128 + 15. The submission's rank 0 sleeps inside the first check, so
     the grade is mid-launch when the signal comes (we wait for its ranks to exist; no timing)."""
-    from faultkit import submission, survivors
+    from faultkit import submission, survivors, wait_gone
 
     sub = submission("sleep_forever", tmp_path / "subs")
     work = tmp_path / "tmp"
@@ -323,11 +323,7 @@ def test_sigterm_stops_a_grade_and_leaves_nothing(tmp_path):
             proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert not list(work.glob("grade-*"))
-    for _ in range(300):  # the ranks' exit is seen a little later on a loaded machine
-        if not survivors(work):
-            break
-        time.sleep(0.1)
-    assert not survivors(work)
+    assert not wait_gone(work)
     results = json.loads(out.read_text())
     assert results["score"] == 0 and "stopped (SIGTERM)" in results["output"]
 
@@ -336,7 +332,7 @@ def test_batch_stops_a_grade_past_its_time_and_leaves_nothing(tmp_path, monkeypa
     """The batch's per-grade timeout sends SIGTERM (then SIGKILL after a grace): whenever it
     lands (while the grader starts, or mid-launch), the submission gets a zero results.json and
     no grade folder or rank survives."""
-    from faultkit import submission, survivors
+    from faultkit import submission, wait_gone
 
     from autograder.batch import _grade_one
 
@@ -348,8 +344,4 @@ def test_batch_stops_a_grade_past_its_time_and_leaves_nothing(tmp_path, monkeypa
     assert data["score"] == 0
     assert "ran past 8 s" in (tmp_path / "out" / "sleep_forever" / "report.txt").read_text()
     assert not list(work.glob("grade-*"))
-    for _ in range(300):  # the ranks' exit is seen a little later on a loaded machine
-        if not survivors(work):
-            break
-        time.sleep(0.1)
-    assert not survivors(work)
+    assert not wait_gone(work)
