@@ -15,6 +15,7 @@ from autograder.grade import plan
 from autograder.lab import load_lab
 from autograder.protocol import CaseKey, Gate
 from autograder.sandbox import courier as cm
+from autograder.sandbox.channel import HEADER, MAX_META, FrameError, FrameReader, encode_frame
 from autograder.sandbox.courier_frames import handle
 from autograder.sandbox.gate import LOCAL_KEY, case_key, scale
 from autograder.sandbox.probe import Call
@@ -87,6 +88,17 @@ def test_forged_gate_frames_are_tampering(meta, payload, why):
     c = courier(2)
     handle(c, 1, meta, payload)
     assert c.failure.kind == "tampering" and c.failure.rank == 1 and why in c.failure.message
+
+
+def test_an_oversized_gate_frame_is_refused_before_it_is_read():
+    """The launch turns a FrameError into tampering (launch.py) before any kind is looked at."""
+    raw = encode_frame({"k": "gate"})
+    reader = FrameReader()
+    reader.feed(HEADER.pack(MAX_META + 1, 0) + raw[HEADER.size:])
+    with pytest.raises(FrameError, match="over the caps"):
+        reader.frames()
+    with pytest.raises(FrameError, match="frame too large"):
+        encode_frame({"k": "gate", "pad": "x" * MAX_META})
 
 
 def test_a_gate_outside_a_case_is_tampering():
