@@ -7,7 +7,8 @@
 Order of events: find the student files (missing → every check zero); parse them here
 (`compile` runs nothing: a syntax error is reported with its line without starting anything);
 draw the grade's secret and make every case's inputs from it (`plan`: a case's seed is derived
-from the secret, so no rank can rebuild another's inputs); run every launch in the sandbox
+from the secret, so no rank can rebuild another's inputs, and so is each case's gate key,
+`sandbox.gate`); run every launch in the sandbox
 (`autograder.sandbox.session`), where the courier hands each rank its own inputs and records
 what it sends; judge each launch's cases in this process as soon as the launch ends
 (`autograder.judging.judge_launch`: the grader then drops the launch's outputs and record, so
@@ -30,6 +31,7 @@ from .judging import CheckResult, PlannedCase, judge_launch, judge_run
 from .lab import Lab
 from .protocol import CaseKey, GroupKey
 from .sandbox.files import remove
+from .sandbox.gate import case_key
 from .sandbox.limits import Limits
 from .sandbox.plan import CasePlan, Job, LaunchPlan
 from .sandbox.scratch import unmount_below
@@ -117,12 +119,14 @@ def plan(lab: Lab, secret: int) -> tuple[list[LaunchPlan], dict[CaseKey, Planned
         by_size: dict[int, list[CasePlan]] = {}
         for k, case in enumerate(check.cases):
             key = CaseKey(ci, k)
-            full = dict(case, seed=case_seed(secret, key, int(case.get("seed", 0))))
+            gate = case_key(secret, ci, k)  # the courier's answers to this case's gates
+            full = dict(case, seed=case_seed(secret, key, int(case.get("seed", 0))),
+                        gate_key=gate)
             ws = case["world_size"]
             inputs = list(lab.harness.make_inputs(full, ws))
             cases[key] = PlannedCase(full, inputs)
-            public = {name: v for name, v in case.items() if name != "seed"}
-            by_size.setdefault(ws, []).append(CasePlan(k, check.call, public, inputs))
+            public = {name: v for name, v in case.items() if name not in ("seed", "gate_key")}
+            by_size.setdefault(ws, []).append(CasePlan(k, check.call, public, inputs, gate))
         for ws, planned in sorted(by_size.items()):
             launches.append(LaunchPlan(GroupKey(ci, ws), check.timeout, planned))
     return launches, cases

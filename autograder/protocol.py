@@ -6,8 +6,9 @@ says about itself:
 
 * `Op`: one call one rank made through its process group (send, recv, a collective), in the
   order the courier received it, with its sizes and, for sends, its bytes;
-* `RankTraffic`: one rank's ops and the harness's marks during one case (or one section of a
-  case), with the totals judges use (bytes and messages sent and received, calls per op);
+* `RankTraffic`: one rank's ops, the harness's marks and the gates the courier answered
+  (`Gate`) during one case (or one section of a case), with the totals judges use (bytes and
+  messages sent and received, calls per op);
 * `GroupRecord`: how one launch of a check at one world size ended: the ranks' outputs per case
   and their traffic (until judged: then its verdicts), or the `Failure` that ended it;
 * `Verdict`: a judge's answer for one case (passed, message, and a failure kind when the case
@@ -98,6 +99,15 @@ class Op:
     """Sends: the bytes sent, when the courier kept them (see Courier.KEEP_BYTES)."""
 
 
+@dataclass(eq=False)
+class Gate:
+    """A gate the courier answered (`autograder.sandbox.gate`): the rank's n-th in the case and
+    the scale it was told. Unlike a mark, no frame of a rank can make one say something else."""
+
+    n: int
+    scale: float
+
+
 @dataclass
 class RankTraffic:
     """One rank's calls during one case (or one section of it), in the order received."""
@@ -106,8 +116,10 @@ class RankTraffic:
     ops: list[Op] = field(default_factory=list)
     marks: list[tuple[str, int]] = field(default_factory=list)
     """(label, number of entries before it): where the harness's marks fell among the ops."""
-    entries: list[Op | str] = field(default_factory=list)
-    """Ops and mark labels interleaved, as they arrived."""
+    gates: list[Gate] = field(default_factory=list)
+    """The gates the courier answered, in order."""
+    entries: list[Op | str | Gate] = field(default_factory=list)
+    """Ops, mark labels and gates interleaved, as they arrived."""
 
     @property
     def sends(self) -> list[Op]:
@@ -170,16 +182,19 @@ class RankTraffic:
                 ops.append(entry)
         return None
 
-    def position(self, entry: Op | str) -> int | None:
-        """Where `entry` (an op, by identity, or a mark's label) first is among the entries."""
+    def position(self, entry: Op | str | Gate) -> int | None:
+        """Where `entry` (an op or a gate, by identity, or a mark's label) first is among the
+        entries."""
         for i, e in enumerate(self.entries):
             if e is entry or (isinstance(entry, str) and e == entry):
                 return i
         return None
 
-    def add(self, entry: Op | str) -> None:
+    def add(self, entry: Op | str | Gate) -> None:
         if isinstance(entry, Op):
             self.ops.append(entry)
+        elif isinstance(entry, Gate):
+            self.gates.append(entry)
         else:
             self.marks.append((entry, len(self.entries)))
         self.entries.append(entry)
@@ -236,5 +251,5 @@ class GroupRecord:
         return self.failure is None
 
 
-__all__ = ["ALIASES", "CaseKey", "Failure", "GroupKey", "GroupRecord", "Op", "P2P", "RankEnd",
-           "RankTraffic", "Verdict", "canonical_op"]
+__all__ = ["ALIASES", "CaseKey", "Failure", "Gate", "GroupKey", "GroupRecord", "Op", "P2P",
+           "RankEnd", "RankTraffic", "Verdict", "canonical_op"]

@@ -148,15 +148,22 @@ def run_fault(lab: Lab, fault: str, names: list[str], tmp_path: Path, *,
 def grade_fault_on_check(lab_dir: Path, faults: Path, fault: str, prefix: str, tmp_path: Path):
     """A lab's fault file (its reference with the fault appended) graded on the first case of
     the one visible check whose name starts with `prefix`; that check's result."""
+    return grade_fault_on_checks(lab_dir, faults, fault, [prefix], tmp_path)[0]
+
+
+def grade_fault_on_checks(lab_dir: Path, faults: Path, fault: str, prefixes: list[str],
+                          tmp_path: Path) -> list:
+    """The same on the first case of each visible check named by a prefix, in one grade: the
+    checks' results in the order of `prefixes`."""
     lab = load_lab(lab_dir, hidden=False)
-    check = next(c for c in lab.checks if c.name.startswith(prefix))
-    small = dataclasses.replace(lab, checks=[dataclasses.replace(check, cases=check.cases[:1],
-                                                                 timeout=60.0)])
+    checks = [next(c for c in lab.checks if c.name.startswith(prefix)) for prefix in prefixes]
+    small = dataclasses.replace(lab, checks=[
+        dataclasses.replace(check, cases=check.cases[:1], timeout=60.0) for check in checks])
     student = lab.info.student_files[0]
     text = source(fault, lab_dir / student, faults)
     result, _ = run_grade(small, submission(fault, tmp_path / "subs", text=text, name=student),
                           tmp_path)
-    return result.checks[0]
+    return result.checks
 
 
 def assert_failed(check, kind: str, *says: str) -> None:
@@ -175,5 +182,6 @@ def report_text(result) -> str:
 
 
 __all__ = ["FAULTS", "HANG_S", "LIMITS", "REFERENCE", "RING", "ROOT", "SMALL", "assert_failed",
-           "assert_passed", "grade_fault_on_check", "line_of", "report_text", "ring_lines",
-           "run_fault", "run_grade", "small_lab", "source", "submission", "survivors"]
+           "assert_passed", "grade_fault_on_check", "grade_fault_on_checks", "line_of",
+           "report_text", "ring_lines", "run_fault", "run_grade", "small_lab", "source",
+           "submission", "survivors"]

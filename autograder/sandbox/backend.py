@@ -53,7 +53,7 @@ def _reduce_name(opts: Any) -> str:
 
 class Link:
     """This rank's end of its channel: frames out (one writer at a time), and a reader thread
-    that completes works and queues the grader's case frames."""
+    that completes works and queues the grader's case frames and gate answers."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -61,6 +61,8 @@ class Link:
         self.works: dict[int, "CourierWork"] = {}
         self.ids = itertools.count()
         self.inbox: queue.Queue = queue.Queue()
+        self.gates: queue.Queue = queue.Queue()
+        """The courier's answers to ``gate`` frames (`probe.Call.gate`), in order."""
         self.reader = threading.Thread(target=self._read, name="courier-link", daemon=True)
         self.reader.start()
 
@@ -77,6 +79,8 @@ class Link:
                     work = self.works.pop(meta.get("id"), None)
                     if work is not None:
                         work._finish(meta, payload)
+                elif kind == "gate":
+                    self.gates.put(meta)
                 else:
                     self.inbox.put((meta, payload))
         except BaseException:  # noqa: BLE001 - the channel closed: the grader ended the launch

@@ -21,18 +21,19 @@ handling is in `courier_frames`; this module holds the state and the matching.
 Memory. All it holds belongs to one launch (the grader judges a launch as soon as it ends and
 drops its record: `autograder.judging.judge_launch`), and every part is capped per launch, far
 above what the busiest launch of a reference solution of labs 01-07 needs (in parentheses;
-`benchmarks/grader_footprint.py`, hidden checks included): calls and marks MAX_CALLS ×
-CALL_RECORD_BYTES = 50,000 × 1,100 B ≈ 52 MiB (260), then call_limit; stacks of waits p ×
-MAX_STACKS × STACK_BYTES = p × 16 × 32 KiB, 2 MiB at 4 ranks (1 per rank), later ones not kept;
+`benchmarks/grader_footprint.py`, hidden checks included): calls, marks and gates
+MAX_CALLS × CALL_RECORD_BYTES = 50,000 × 1,100 B ≈ 52 MiB (260), then call_limit; stacks of
+waits p × MAX_STACKS × STACK_BYTES = p × 16 × 32 KiB, 2 MiB at 4 ranks (1 per rank), later
+ones not kept;
 results RESULT_BYTES = 64 MiB (1.0 MiB) and RESULT_NODES = 20,000 values (1,640: a tree of
 empty lists costs no bytes but ~70 B of grader memory per node), then result_limit; message
 contents KEEP_BYTES = 64 MiB (1.5 MiB), later ones not kept; sends and collective inputs
 awaiting their peers HELD_BYTES = 64 MiB (0.13 MiB) and replies not yet read, all ranks
 together, OUTBOX_BYTES = 64 MiB (0.75 MiB), then memory_limit. A record is an `Op` with its id
 and, while it waits, its `Pending`: a pending receive is the largest (1,004 B, tracemalloc,
-`tests/test_courier_limits`), a mark of 200 characters about 350 B. With the frames being read
-(one per rank at most, `channel.MAX_META` + `MAX_PAYLOAD`), one launch is bounded by about 0.6
-GiB at 4 ranks over the grader's own 250-310 MiB.
+`tests/test_courier_limits`), a mark of 200 characters about 350 B, a gate less. With the
+frames being read (one per rank at most, `channel.MAX_META` + `MAX_PAYLOAD`), one launch is
+bounded by about 0.6 GiB at 4 ranks over the grader's own 250-310 MiB.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ RESULT_BYTES = 64 << 20   # results the ranks return (1.0 MiB)
 RESULT_NODES = 20_000     # values in results: tensors, lists, numbers (RESULT_NODES_USED)
 RESULT_NODES_USED = 1_640  # the most a reference's launch returns (labs 01-07, hidden included)
 OUTBOX_BYTES = 64 << 20   # replies not yet read, all ranks together (0.75 MiB)
-MAX_CALLS = 50_000        # calls and marks recorded, each one kept (240 + 120)
+MAX_CALLS = 50_000        # calls, marks and gates recorded, each one kept (240 + 120)
 MAX_STACKS = 16           # stacks kept per rank of the calls it waits on at once (1)
 CALL_RECORD_BYTES = 1100  # the most one recorded call holds (a pending receive: 1,004 B)
 STACK_BYTES = 32 << 10    # the most one kept stack holds (40 frames of capped text: 31.6 KB)
@@ -143,7 +144,7 @@ class Courier:
                       "rank must wait for what it asked for).", rank)
 
     def count_call(self, rank: int) -> bool:
-        """Count one call or mark of `rank` against MAX_CALLS; False (and the launch fails,
+        """Count one call, mark or gate of `rank` against MAX_CALLS; False (and the launch fails,
         call_limit) once there are more: the grader records no more."""
         self.calls += 1
         if self.calls > MAX_CALLS:

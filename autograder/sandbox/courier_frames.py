@@ -7,11 +7,14 @@ kind ``tampering`` and the reason; it never raises into the grader.
 From a rank: ``hello`` (first, from trusted code: how the rank is confined), ``ready`` (the
 student's module imported), ``op`` (one torch.distributed call: id, op, group, peer or root,
 tag, async, input tensors' specs + bytes, output specs), ``wait`` / ``seen`` (it waits on an op,
-or saw it complete; with its Python stack), ``mark`` (a label between calls), ``output`` (a
-case's result as a tensor tree), ``error`` (an exception's type, message and traceback).
+or saw it complete; with its Python stack), ``mark`` (a label between calls), ``gate`` (a
+round trip: the courier records a `Gate` where it read the frame among the rank's calls and
+answers the scale `gate.scale(case key, n)` for the rank's n-th gate of the case; refused
+outside a case), ``output`` (a case's result as a tensor tree), ``error`` (an exception's
+type, message and traceback).
 
 What each frame leaves in the grader is capped (the bounds are in `courier`'s docstring): an
-``op`` or a ``mark`` is one recorded call (`Courier.count_call`, at most MAX_CALLS per
+``op``, a ``mark`` or a ``gate`` is one recorded call (`Courier.count_call`, at most MAX_CALLS per
 launch, then call_limit); a ``wait`` keeps its stack (40 frames of capped text) for at most
 MAX_STACKS calls of a rank at once, later ones without it; ``output`` frames are one per case
 and rank, their bytes at most RESULT_BYTES per launch (then result_limit); ``seen``, a repeated
@@ -23,11 +26,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..protocol import Op, RankEnd, canonical_op
+from ..protocol import Gate, Op, RankEnd, canonical_op
 from ..sanitize import printable
 from .channel import (DTYPES, MAX_PAYLOAD, FrameError, TreeTooLarge, good_shape, make_tensor,
                       unpack_counted)
 from .courier import RESULT_BYTES, RESULT_NODES, RESULT_NODES_USED, Courier, Pending
+from .gate import LOCAL_KEY, scale
 from .reduce import COLLECTIVES, ROOTED
 
 OPS = frozenset({"send", "recv", "alltoall", "alltoall_base"} | set(COLLECTIVES))
@@ -170,6 +174,22 @@ def _observe(c: Courier, rank: int, meta: dict, blocking: bool) -> None:
         state.block(op_id, _stack(meta.get("stack")))
 
 
+def _gate(c: Courier, rank: int, payload: bytes) -> None:
+    """Record the rank's next gate in its case's traffic, where it was read among its calls,
+    and answer it with that gate's scale (`gate.scale`: from the case's key, never the rank)."""
+    traffic = c.traffic_of(rank)
+    if traffic is None:
+        raise Refused("a gate outside a case")
+    if payload:
+        raise Refused("a gate with a payload")
+    if not c.count_call(rank):
+        return
+    n = len(traffic.gates)
+    entry = Gate(n, scale(c.plan[c.ranks[rank].case].gate or LOCAL_KEY, n))
+    traffic.add(entry)
+    c.reply(rank, {"k": "gate", "n": n, "scale": entry.scale})
+
+
 def handle(c: Courier, rank: int, meta: dict, payload: bytes) -> None:
     """Apply one frame from `rank`; a frame outside the protocol fails the launch."""
     try:
@@ -200,6 +220,8 @@ def _handle(c: Courier, rank: int, meta: dict, payload: bytes) -> None:
         traffic = c.traffic_of(rank)
         if c.count_call(rank) and traffic is not None:
             traffic.add(_str(meta.get("label"), "label"))
+    elif kind == "gate":
+        _gate(c, rank, payload)
     elif kind == "output":
         case = c.plan[state.case] if state.case is not None else None
         if case is None or meta.get("case") != case.index:

@@ -20,6 +20,9 @@ class CasePlan:
     call: str
     params: dict
     inputs: list[Any]
+    gate: str = ""
+    """The case's gate key (`autograder.sandbox.gate.case_key`, from the grade's secret; never
+    sent to a rank); empty: the public `gate.LOCAL_KEY` schedule (courier tests)."""
 
 
 @dataclass

@@ -8,17 +8,25 @@ here, never in the ranks): reverse parameter order, a bucket closes once it hold
 is what the grader's courier saw in each step's sections (`harness._step`): one all-reduce per
 bucket, and as many bytes as the trainable parameters (frozen ones not sent, a tied weight sent
 once); barriers are allowed and not counted. An all-reduce overlapped with backward when it
-reached the courier before the mark backward's last gradient sent; it finished in time when the
-rank waited on it, saw it complete, or asked for its future before backward returned.
+reached the courier before the synchronised backward's gate: the round trip whose answer s_n
+(from the grade's secret, `autograder.sandbox.gate`) the first layer's gradients are scaled by
+(`harness.Gate`), so they cannot exist before it, and the expected parameters apply the same
+s_n per micro-batch. It finished in time when the rank waited on it, saw it complete, or asked
+for its future before backward returned (the rank's word: a rank that did not wait has wrong
+values anyway, unless its all-reduces happened to complete).
 """
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
-from _lab_harness import LR, make_data, make_model, uses_side  # the lab's harness.py
+from _lab_harness import (LR, install_gate, make_model,  # the lab's harness.py
+                          micro_batches, uses_side)
 from autograder.lab import CaseResult, Check, LabInfo, Verdict
+from autograder.sandbox.gate import LOCAL_KEY, scale
 from toolkit.data_parallel.buckets import assign_buckets
 
 LAB = LabInfo(
@@ -53,21 +61,31 @@ def _label(r: CaseResult) -> str:
 
 
 def reference(case: dict, *, grad_scale: float = 1.0) -> dict[str, torch.Tensor]:
-    """Rank 0's initial model trained in one process, float64, on the whole batch. A
+    """Rank 0's initial model trained in one process, float64, on the whole batch, with the
+    gates the ranks were answered: micro-batch j of step t (every rank's j-th, together) passes
+    its first layer's gradient through s_{t·k + j} (`harness.Gate`; k micro-batches a step,
+    the n-th gate of each rank answered alike). The whole batch's mean loss is the mean of the
+    k micro-batches' (equal sizes), so this is what DDP with no_sync() must reach. A
     `grad_scale` of world_size gives what a run that *sums* gradients over ranks reaches."""
     model = make_model(case, 0).double()
-    x, y = (t.double() for t in make_data(case))
-    params = [p for p in model.parameters() if p.requires_grad]
+    p, k = int(case.get("world_size", 1)), int(case.get("accumulate", 1))
+    per_rank = [micro_batches(case, r, p) for r in range(p)]
+    parts = [[torch.cat([mb[j][i] for mb in per_rank]).double() for i in (0, 1)]
+             for j in range(k)]  # micro-batch j of every rank: (x, y)
+    key, asked = case.get("gate_key") or LOCAL_KEY, itertools.count()
+    install_gate(model, lambda: scale(key, next(asked)))
+    params = [q for q in model.parameters() if q.requires_grad]
     for step in range(int(case.get("steps", 3))):
-        for p in params:
-            p.grad = None
+        for q in params:
+            q.grad = None
         use = {"use_side": True} if uses_side(case, step) else {}
-        (grad_scale * F.mse_loss(model(x, **use), y)).backward()
+        for x, y in parts:
+            (grad_scale * F.mse_loss(model(x, **use), y) / k).backward()
         with torch.no_grad():
-            for p in params:
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-LR)
-    return {k: v.detach() for k, v in model.state_dict().items()}
+            for q in params:
+                if q.grad is not None:
+                    q.add_(q.grad, alpha=-LR)
+    return {name: v.detach() for name, v in model.state_dict().items()}
 
 
 def _close(got, want: torch.Tensor) -> bool:
@@ -92,8 +110,8 @@ def _outputs(r: CaseResult) -> list[dict] | None:
 def steps(r: CaseResult, rank: int) -> list[dict]:
     """Rank `rank`'s steps as the courier saw them: per step, its calls (barriers left out:
     the lab allows them anywhere) and bytes, and each all-reduce as [position, finished before
-    backward returned, async, bytes], the position of the graph_done mark, and what was sent
-    inside no_sync()."""
+    backward returned, async, bytes], the position of the synchronised backward's gate (None
+    when it asked none), and what was sent inside no_sync()."""
     t, out = r.traffic[rank], []
     for step in range(int(r.case.get("steps", 3))):
         sync, quiet = t.section(f"sync{step}"), t.section(f"quiet{step}")
@@ -101,9 +119,10 @@ def steps(r: CaseResult, rank: int) -> list[dict]:
         ars = [[t.position(o), o.observed and o.observed_at is not None
                 and end is not None and o.observed_at <= end, o.async_op, o.nbytes]
                for o in sync.ops if o.op == "all_reduce"]
+        gate = t.position(sync.gates[0]) if sync.gates else None
         out.append({"calls": {op: n for op, n in sync.calls.items() if op != "barrier"},
                     "bytes": sum(o.nbytes for o in sync.ops if o.op != "barrier"),
-                    "all_reduces": ars, "graph_done": t.position(f"graph_done{step}"),
+                    "all_reduces": ars, "gate": gate,
                     "quiet_calls": {op: n for op, n in quiet.calls.items() if op != "barrier"},
                     "quiet_bytes": sum(o.nbytes for o in quiet.ops)})
     return out
@@ -264,14 +283,15 @@ def judge_overlap(r: CaseResult) -> Verdict:
     label = _label(r)
     for rank in range(r.world_size):
         for step, s in enumerate(steps(r, rank)):
-            at, done = f"rank {rank}, step {step} ({label})", s.get("graph_done")
+            at, gate = f"rank {rank}, step {step} ({label})", s.get("gate")
             events = s["all_reduces"]
-            if done is None:
-                return Verdict(False, f"{at}: backward never computed the input's gradient")
-            early = [e for e in events if e[0] < done]
+            if gate is None:
+                return Verdict(False, f"{at}: backward never computed the first layer's "
+                                      "gradient")
+            early = [e for e in events if e[0] < gate]
             if not early:
                 return Verdict(False, f"{at}: all {len(events)} all-reduces started after "
-                                      "backward had computed every gradient: no overlap. Start "
+                                      "backward had reached the first layer: no overlap. Start "
                                       "a bucket's all-reduce from the gradient hook "
                                       "(grad_ready) as soon as the bucket is full; bucket 0 "
                                       "(the last layer's parameters) fills first")
@@ -345,7 +365,8 @@ CHECKS = [
                                "is not part of a step)."),
     Check("DDP: an all-reduce starts during backward (async), all finish before it returns", 8,
           "train", cases({"world_size": 2, **MLP}, seed=20, steps=2), judge_overlap,
-          about="Start times against the moment backward computed its last gradient."),
+          about="Start times against the moment backward asked the grader for the scale of "
+                "the first layer's gradient."),
     Check("no_sync(): sends nothing; accumulated steps equal single-process training", 6,
           "train", cases({"world_size": 2, **TOY, "side": False, "accumulate": 2}, seed=30,
                          steps=2), judge_no_sync,

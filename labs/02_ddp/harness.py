@@ -7,9 +7,16 @@ inputs alone: the replicas start *different*, and only the broadcast in ``DDP(..
 equal. Holds no answers.
 
 Each step is cut into sections the grader's courier records (`call.section`): ``quiet{k}``
-(the micro-batches inside ``no_sync()``), ``sync{k}`` (the synchronised forward and backward),
-and the mark ``graph_done{k}``, sent by a hook on the input, whose gradient backward computes
-last: an all-reduce the courier received before that mark overlapped with backward.
+(the micro-batches inside ``no_sync()``) and ``sync{k}`` (the synchronised forward and
+backward). Every forward passes the first layer's output through `Gate` (a forward hook the
+harness installs after ``DDP(...)``): identity forward; in backward it asks the courier's gate
+(`call.gate()`, a blocking round trip) and returns grad · s_n, s_n ∈ [1 + 1/64, 1.5] drawn from
+the grade's secret for the rank's n-th gate of the case (`autograder.sandbox.gate`). So the
+first layer's weight and bias gradients cannot exist before the courier answered; the buckets
+before the last one (reverse parameter order) can. An all-reduce the courier received before
+the synchronised backward's gate overlapped with backward: it was posted while the first layer's
+gradients were still to be computed. The judges' reference applies the same s_n per micro-batch
+(``gate_key`` in the case; without it the public schedule a `Call` without a channel uses).
 
 A case is a dict: ``world_size``, ``seed``, ``model`` ("toy" or "mlp"), for the toy ``tied``
 (a weight used by two layers), ``frozen`` (parameter names with requires_grad=False), ``side``
@@ -20,9 +27,12 @@ For the pure call, ``sizes`` (lists of element counts) and ``caps`` (bytes).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from toolkit.models import TinyMLP
 
@@ -101,8 +111,34 @@ def _state(model: nn.Module) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+class Gate(torch.autograd.Function):
+    """Identity forward; backward returns grad · s, with s = ``ask()`` asked when backward
+    reaches this point (the courier's gate in a rank, a fixed schedule in the reference).
+    Shapes: h (batch, d_hid) → the same tensor's values; grad (batch, d_hid) → (batch, d_hid)."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, ask: Callable[[], float]) -> torch.Tensor:
+        ctx.ask = ask
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.ask(), None  # a Python float: stays on grad's device and dtype
+
+
+def first_layer(model: nn.Module) -> nn.Linear:
+    """The layer whose output passes through `Gate`: its parameters are the last bucket's."""
+    return model.a if isinstance(model, Toy) else model.layers[0]
+
+
+def install_gate(model: nn.Module, ask: Callable[[], float]) -> RemovableHandle:
+    """Route every forward's first-layer output through `Gate` with `ask` (a forward hook)."""
+    return first_layer(model).register_forward_hook(lambda _m, _x, out: Gate.apply(out, ask))
+
+
 def _step(ddp, call, step: int, batches: list) -> None:
-    """One training step: k − 1 micro-batches inside no_sync(), the last one synchronised."""
+    """One training step: k − 1 micro-batches inside no_sync(), the last one synchronised (each
+    backward asks one gate, `Gate`)."""
     use = {"use_side": True} if uses_side(call.case, step) else {}
     k = len(batches)
     with call.section(f"quiet{step}"):
@@ -111,15 +147,6 @@ def _step(ddp, call, step: int, batches: list) -> None:
                 for x, y in batches[:-1]:
                     (F.mse_loss(ddp(x, **use), y) / k).backward()
     x, y = batches[-1]
-    x = x.clone().requires_grad_()  # its gradient is the last one backward computes
-    fired = []
-
-    def input_grad_done(grad: torch.Tensor) -> None:
-        if not fired:
-            fired.append(True)
-            call.mark(f"graph_done{step}")
-
-    x.register_hook(input_grad_done)
     with call.section(f"sync{step}"):
         loss = F.mse_loss(ddp(x, **use), y) / k
         loss.backward()
@@ -131,6 +158,7 @@ def _train(student, call):
     model.load_state_dict(call.inputs["state"])
     kwargs = {"bucket_cap_mb": call.case["cap"] / 2**20} if "cap" in call.case else {}
     ddp = student.DDP(model, **kwargs)
+    install_gate(model, call.gate)  # after DDP(...): its constructor runs no forward
     after_init = _state(model)
     batches = [tuple(t.to(call.device) for t in b) for b in call.inputs["batches"]]
     params = [p for p in model.parameters() if p.requires_grad]

@@ -1,0 +1,43 @@
+"""Lab 02's overlap check rests on the courier's gate, not on the rank's word (issue 19 §2): each
+fault file in tests/faults/02_ddp/ is the reference with one cheat appended (the later
+definition wins), graded on the first case of the visible values check and of the overlap check
+(real ranks). A cheat that keeps the values right must lose the overlap check only; one that
+skips the gate must lose the values. The reference's full marks, the release and the stubs are
+tested with every lab in test_autograder.py."""
+
+from __future__ import annotations
+
+import pytest
+from faultkit import ROOT, assert_failed, assert_passed, grade_fault_on_checks
+
+LAB_DIR = ROOT / "labs" / "02_ddp"
+FAULTS = ROOT / "tests" / "faults" / "02_ddp"
+VALUES, OVERLAP = "DDP: after 3 steps", "DDP: an all-reduce starts during backward"
+
+# fault -> (passes values, passes overlap, regexes the first failed check's message must match)
+CASES = {
+    "forged_graph_done": (True, False, [r"all 3 all-reduces started after backward had "
+                                        r"reached the first layer: no overlap",
+                                        r"from the gradient hook \(grad_ready\)"]),
+    "gate_asked_early": (True, False, [r"all 3 all-reduces started after backward had reached "
+                                       r"the first layer"]),
+    "gate_skipped": (False, False, [r"rank 0's a\.weight differs from single-process training",
+                                    r"check which slice of which bucket"]),
+}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("fault", sorted(CASES))
+def test_overlap_is_judged_by_the_gate(fault, tmp_path):
+    values_pass, overlap_pass, says = CASES[fault]
+    values, overlap = grade_fault_on_checks(LAB_DIR, FAULTS, fault, [VALUES, OVERLAP], tmp_path)
+    assert (values.ok, overlap.ok) == (values_pass, overlap_pass), (values.message,
+                                                                   overlap.message)
+    first = values if not values_pass else overlap
+    assert_failed(first, "wrong_result", *says)
+    if values_pass:
+        assert_passed(values)
+
+
+def test_every_fault_file_has_a_case():
+    assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES)
