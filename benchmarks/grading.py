@@ -9,6 +9,7 @@
    Prints submissions per minute, the slowest grade, and whether summary.csv holds every one.
 
 Usage: python benchmarks/grading.py [--repeats 3] [--labs 01,02] [--class 200] [--jobs 2]
+                                   [--keep DIR]   # keep summary.csv and every results.json
 Timings on a shared machine: run it with ``nice -n -20`` and read the spread.
 """
 
@@ -29,9 +30,11 @@ LABS = ROOT / "labs"
 FAULTS = ROOT / "tests" / "faults" / "01_collectives"
 
 
-def _run(cmd: list[str]) -> float:
+def _run(cmd: list[str], *, show: bool = False) -> float:
+    """Seconds `cmd` took; its output kept quiet unless `show` (batch's progress bar)."""
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
+                   stderr=None if show else subprocess.DEVNULL)
     return time.perf_counter() - start
 
 
@@ -76,7 +79,7 @@ def make_class(n: int, work: Path) -> dict[str, str]:
 def grade_class(n: int, jobs: int, work: Path) -> None:
     made = make_class(n, work)
     seconds = _run([sys.executable, "-m", "autograder", "batch", str(work / "subs"), "--lab",
-                    "01_collectives", "--jobs", str(jobs), "--out", str(work / "out")])
+                    "01_collectives", "--jobs", str(jobs), "--out", str(work / "out")], show=True)
     with open(work / "out" / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     names = {r["submission"] for r in rows}
@@ -97,8 +100,14 @@ def main() -> None:
     ap.add_argument("--class", dest="size", type=int, default=0,
                     help="grade a class of this many mixed lab-01 submissions (0: skip)")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="a new folder to keep the submissions and the batch's out/ in "
+                         "(summary.csv, each results.json); default: a temporary one, removed")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-grading-"))
+    if args.keep is not None and args.keep.exists():
+        ap.error(f"--keep {args.keep}: the folder exists; give a new one")
+    work = args.keep or Path(tempfile.mkdtemp(prefix="bench-grading-"))
+    work.mkdir(parents=True, exist_ok=True)
     try:
         for number in [n for n in args.labs.split(",") if n]:
             name = next(p.name for p in sorted(LABS.iterdir()) if p.name.startswith(number))
@@ -109,7 +118,8 @@ def main() -> None:
         if args.size:
             grade_class(args.size, args.jobs, work)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
