@@ -6,8 +6,13 @@ release and the stubs are tested with every lab in test_autograder.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
-from faultkit import ROOT, assert_failed, grade_fault_on_check
+from faultkit import (ROOT, assert_failed, assert_passed, grade_fault_on_check, run_grade, source,
+                      submission)
+
+from autograder.lab import load_lab
 
 LAB_DIR = ROOT / "labs" / "06_mixed_precision"
 FAULTS = ROOT / "tests" / "faults" / "06_mixed_precision"
@@ -22,6 +27,8 @@ CASES = {
                                                  r"steps with scaled gradients"]),
     "masters_not_kept": ("master_copy", [r"master weights not kept",
                                          r"shares memory with its working parameter"]),
+    "forged_sections": ("all_reduce_gradients: the mean", [r"rank 0 made 2 all-reduces",
+                                                           r"all-reduce it once"]),
 }
 
 
@@ -35,3 +42,27 @@ def test_the_usual_mistake_is_named(fault, tmp_path):
 
 def test_every_fault_file_has_a_case():
     assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES)
+
+
+@pytest.mark.multirank
+def test_forged_sections_do_not_hide_a_float32_all_reduce(tmp_path):
+    """Red team 3: a float32 gradient all-reduce moved out of the counted section by forged
+    marks, a bf16 decoy of zeros inside. Judged over the whole case (its bounds are the
+    courier's), the visible and hidden byte checks fail; the values check passes (the mean is
+    right), so what is lost is exactly the bytes' points."""
+    lab = load_lab(LAB_DIR, hidden=True)
+    names = ["all_reduce_gradients: the mean", "train_step: masters follow",
+             "train_step: 4 ranks, overflows on two ranks"]
+    checks = [next(c for c in lab.checks if c.name.startswith(n)) for n in names]
+    small = dataclasses.replace(lab, checks=[
+        dataclasses.replace(c, cases=c.cases[:1], timeout=60.0) for c in checks])
+    text = source("forged_sections", LAB_DIR / "mixed_precision.py", FAULTS)
+    result, _ = run_grade(small, submission("forged_sections", tmp_path / "subs", text=text,
+                                            name="mixed_precision.py"), tmp_path)
+    reduce, train, train_bytes = result.checks
+    assert_failed(reduce, "wrong_result", r"rank 0 made 2 all-reduces")
+    assert_passed(train)
+    psi = 3 * (6 + 1)  # TRAIN: d_out × (d_in + 1)
+    assert_failed(train_bytes, "wrong_result",
+                  rf"rank 0's all-reduce: {4 * psi} bytes of float32; every gradient "
+                  rf"all-reduce must be {2 * psi} bytes of bfloat16")
