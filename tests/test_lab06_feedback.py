@@ -32,6 +32,16 @@ CASES = {
 }
 
 
+# Not mistakes of mixed precision but calls torch refuses or the grader's channel does not
+# carry: ordinary exceptions of the rank, never "tampering" or "still the stub" (red team 3).
+ERRORS = {
+    "float8_all_reduce": [r"TypeError: all_reduce on a float8_e4m3fn tensor",
+                          r"carries only float64, float32, float16, bfloat16",
+                          r"mixed_precision\.py line \d+ \(in all_reduce_gradients"],
+    "meta_all_reduce": [r"raised NotImplementedError", r"meta"],
+}
+
+
 @pytest.mark.multirank
 @pytest.mark.parametrize("fault", sorted(CASES))
 def test_the_usual_mistake_is_named(fault, tmp_path):
@@ -40,8 +50,16 @@ def test_the_usual_mistake_is_named(fault, tmp_path):
     assert_failed(check, "wrong_result", *says)
 
 
+@pytest.mark.multirank
+@pytest.mark.parametrize("fault", sorted(ERRORS))
+def test_an_unsupported_call_is_the_ranks_exception(fault, tmp_path):
+    check = grade_fault_on_check(LAB_DIR, FAULTS, fault, "all_reduce_gradients: the mean",
+                                 tmp_path)
+    assert_failed(check, "exception", *ERRORS[fault])
+
+
 def test_every_fault_file_has_a_case():
-    assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES)
+    assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES) | set(ERRORS)
 
 
 @pytest.mark.multirank
