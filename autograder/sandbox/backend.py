@@ -11,6 +11,10 @@ moves the bytes, computes the collectives the lab allows, and answers ``done`` (
 bytes) or ``fail``; the link's reader thread copies the answer into the output tensors and
 completes the work, like a real backend finishing in the background.
 
+A tensor of a dtype the channel does not carry (`channel.DTYPES`: no float8, no uint16-64) is
+refused here, in the rank, with a TypeError of the call that names it; a receive from any rank
+(``dist.recv(buf)`` without ``src``) returns the sender the courier named (`_source_rank`).
+
 Nothing here is trusted: a submission can call these methods with anything, replace them, or
 write frames of its own. The courier checks every frame and keeps its own record.
 
