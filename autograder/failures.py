@@ -87,6 +87,23 @@ def describe_op(op: Op) -> str:
     return f"{what} ({op.nbytes:,} bytes" + (f", {op.dtype}" if op.dtype else "") + ")"
 
 
+_STUB = re.compile(r"raise\s+NotImplementedError\b")
+
+
+def _raised_by_stub(tb: str, module: str, sources: dict[str, str] | None) -> bool:
+    """Whether the innermost frame of `tb` is a ``raise NotImplementedError`` line of the
+    student's file (a stub as `autograder release` writes it), read from the grader's copy of
+    the file. A NotImplementedError that torch raises (a meta tensor, an op a dtype lacks) has
+    its innermost frame in torch, and is an ordinary exception."""
+    frames = re.findall(r'File "([^"]*)", line (\d+)', tb or "")
+    if not frames:
+        return False
+    path, line = frames[-1]
+    lines = (sources or {}).get(f"{module}.py", "").splitlines()
+    return bool(re.search(rf"(^|/){re.escape(module)}\.py$", path)) and \
+        0 < int(line) <= len(lines) and bool(_STUB.match(lines[int(line) - 1].strip()))
+
+
 def classify_end(end: RankEnd, module: str, log: str = "",
                  sources: dict[str, str] | None = None) -> tuple[str, str]:
     """(kind, message) for a rank that reported an exception or exited early; `log` is the tail
@@ -112,9 +129,8 @@ def classify_end(end: RankEnd, module: str, log: str = "",
     text = f"{exc}: {message}" if message else exc or _last_line(tb)
     if exc in ("SyntaxError", "IndentationError"):
         return "syntax_error", f"{text}{at}."
-    if exc == "NotImplementedError":
-        return "not_implemented", (f"Not written yet: {where or 'a function'} still raises "
-                                   "NotImplementedError.")
+    if exc == "NotImplementedError" and _raised_by_stub(tb, module, sources):
+        return "not_implemented", f"Not written yet: {where} still raises NotImplementedError."
     if "may not be used in this lab" in message:
         return "forbidden_import", f"{message}."
     if exc in ("ImportError", "ModuleNotFoundError"):

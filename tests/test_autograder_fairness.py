@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from faultkit import ROOT, run_grade
+from faultkit import ROOT, run_grade, small_lab
 
 from autograder.cli import _resolve
 from autograder.grade import grade
@@ -35,6 +35,7 @@ def _solution(lab: str, base: str, variant: str | None, folder: Path) -> Path:
 @pytest.mark.parametrize("lab, base, variant", [
     ("01_collectives", "collectives.py", "torch_chunk_all_reduce"),
     ("01_collectives", "collectives.py", "all_gather_other_way"),
+    ("01_collectives", "collectives.py", "recv_any_source"),
     ("02_ddp", "ddp.py", "barrier_in_finish"),
     ("02_ddp", "ddp.py", "wait_all_futures"),
     ("03_sharded_optimizer", "sharding.py", None),
@@ -47,6 +48,17 @@ def test_independent_solutions_score_full_marks(lab, base, variant, tmp_path):
     result, _ = run_grade(load_lab(ROOT / "labs" / lab), path, tmp_path)
     assert [(c.check.name, c.kind, c.message) for c in result.checks if not c.ok] == []
     assert result.score == result.max_score == 100
+
+
+@pytest.mark.multirank
+def test_a_receive_from_any_rank_is_fair(tmp_path):
+    """`dist.recv(buf)` without `src` returns the sender (the courier's answer), at 2 and 4
+    ranks, and the ring's traffic is judged by who really sent (red team 3, probe07)."""
+    path = _solution("01_collectives", "collectives.py", "recv_any_source", tmp_path / "subs")
+    lab = small_lab(load_lab(ROOT / "labs" / "01_collectives", hidden=False), ["ar", "ring4"])
+    result, _ = run_grade(lab, path, tmp_path)
+    assert [(c.check.name, c.kind, c.message) for c in result.checks if not c.ok] == []
+    assert result.score == result.max_score
 
 
 def _judge(lab: str, index_of_call: str):

@@ -6,8 +6,13 @@ release and the stubs are tested with every lab in test_autograder.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
-from faultkit import ROOT, assert_failed, grade_fault_on_check
+from faultkit import (ROOT, assert_failed, assert_passed, grade_fault_on_check, run_grade, source,
+                      submission)
+
+from autograder.lab import load_lab
 
 LAB_DIR = ROOT / "labs" / "06_mixed_precision"
 FAULTS = ROOT / "tests" / "faults" / "06_mixed_precision"
@@ -22,6 +27,18 @@ CASES = {
                                                  r"steps with scaled gradients"]),
     "masters_not_kept": ("master_copy", [r"master weights not kept",
                                          r"shares memory with its working parameter"]),
+    "forged_sections": ("all_reduce_gradients: the mean", [r"rank 0 made 2 all-reduces",
+                                                           r"all-reduce it once"]),
+}
+
+
+# Not mistakes of mixed precision but calls torch refuses or the grader's channel does not
+# carry: ordinary exceptions of the rank, never "tampering" or "still the stub" (red team 3).
+ERRORS = {
+    "float8_all_reduce": [r"TypeError: all_reduce on a float8_e4m3fn tensor",
+                          r"carries only float64, float32, float16, bfloat16",
+                          r"mixed_precision\.py line \d+ \(in all_reduce_gradients"],
+    "meta_all_reduce": [r"raised NotImplementedError", r"meta"],
 }
 
 
@@ -33,5 +50,37 @@ def test_the_usual_mistake_is_named(fault, tmp_path):
     assert_failed(check, "wrong_result", *says)
 
 
+@pytest.mark.multirank
+@pytest.mark.parametrize("fault", sorted(ERRORS))
+def test_an_unsupported_call_is_the_ranks_exception(fault, tmp_path):
+    check = grade_fault_on_check(LAB_DIR, FAULTS, fault, "all_reduce_gradients: the mean",
+                                 tmp_path)
+    assert_failed(check, "exception", *ERRORS[fault])
+
+
 def test_every_fault_file_has_a_case():
-    assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES)
+    assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES) | set(ERRORS)
+
+
+@pytest.mark.multirank
+def test_forged_sections_do_not_hide_a_float32_all_reduce(tmp_path):
+    """Red team 3: a float32 gradient all-reduce moved out of the counted section by forged
+    marks, a bf16 decoy of zeros inside. Judged over the whole case (its bounds are the
+    courier's), the visible and hidden byte checks fail; the values check passes (the mean is
+    right), so what is lost is exactly the bytes' points."""
+    lab = load_lab(LAB_DIR, hidden=True)
+    names = ["all_reduce_gradients: the mean", "train_step: masters follow",
+             "train_step: 4 ranks, overflows on two ranks"]
+    checks = [next(c for c in lab.checks if c.name.startswith(n)) for n in names]
+    small = dataclasses.replace(lab, checks=[
+        dataclasses.replace(c, cases=c.cases[:1], timeout=60.0) for c in checks])
+    text = source("forged_sections", LAB_DIR / "mixed_precision.py", FAULTS)
+    result, _ = run_grade(small, submission("forged_sections", tmp_path / "subs", text=text,
+                                            name="mixed_precision.py"), tmp_path)
+    reduce, train, train_bytes = result.checks
+    assert_failed(reduce, "wrong_result", r"rank 0 made 2 all-reduces")
+    assert_passed(train)
+    psi = 3 * (6 + 1)  # TRAIN: d_out × (d_in + 1)
+    assert_failed(train_bytes, "wrong_result",
+                  rf"rank 0's all-reduce: {4 * psi} bytes of float32; every gradient "
+                  rf"all-reduce must be {2 * psi} bytes of bfloat16")

@@ -11,6 +11,10 @@ moves the bytes, computes the collectives the lab allows, and answers ``done`` (
 bytes) or ``fail``; the link's reader thread copies the answer into the output tensors and
 completes the work, like a real backend finishing in the background.
 
+A tensor of a dtype the channel does not carry (`channel.DTYPES`: no float8, no uint16-64) is
+refused here, in the rank, with a TypeError of the call that names it; a receive from any rank
+(``dist.recv(buf)`` without ``src``) returns the sender the courier named (`_source_rank`).
+
 Nothing here is trusted: a submission can call these methods with anything, replace them, or
 write frames of its own. The courier checks every frame and keeps its own record.
 
@@ -33,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .channel import dtype_name, make_tensor, recv_frame, send_frame, tensor_bytes
+from .channel import DTYPES, dtype_name, make_tensor, recv_frame, send_frame, tensor_bytes
 
 DEVICES = ("cpu",)
 _REDUCE = {"SUM": "sum", "AVG": "avg", "PRODUCT": "product", "MIN": "min", "MAX": "max",
@@ -153,6 +157,10 @@ class CourierWork(dist._Work):
     def source_rank(self) -> int:
         return self._source
 
+    # torch.distributed.recv without `src` (a receive from any rank) asks `_source_rank()`
+    # after the wait; the C++ base would raise, so answer with the sender the courier named.
+    _source_rank = source_rank
+
     def result(self) -> list[torch.Tensor]:
         self.wait()
         return self._outputs
@@ -176,6 +184,17 @@ def _describe(tensors: list[torch.Tensor]) -> tuple[list, bytes]:
         parts.append(raw)
         offset += len(raw)
     return specs, b"".join(parts)
+
+
+def _check_dtypes(op: str, tensors: list[torch.Tensor]) -> None:
+    """Refuse, in the rank, a tensor whose dtype the channel does not carry (float8, uint16-64,
+    ...): an ordinary TypeError of this call, before any frame is sent (the courier would take
+    the frame for a forged one)."""
+    for t in tensors:
+        if dtype_name(t) not in DTYPES:
+            raise TypeError(f"{op} on a {dtype_name(t)} tensor: the grader's process group "
+                            f"carries only {', '.join(DTYPES)} (cast the tensor to one of "
+                            f"them, e.g. .to(torch.bfloat16), and back after)")
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -203,8 +222,9 @@ class CourierGroup(dist.ProcessGroup):
 
     def _call(self, op: str, *, send: Any = (), outputs: Any = (), opts: Any = None,
               peer: int | None = None, tag: int = 0, root: bool = False) -> CourierWork:
-        inputs, payload = _describe(_tensors(send))
-        outs = _tensors(outputs)
+        ins, outs = _tensors(send), _tensors(outputs)
+        _check_dtypes(op, ins + outs)
+        inputs, payload = _describe(ins)
         op_id = next(self._link.ids)
         work = CourierWork(self._link, op_id, outs)
         meta = {"k": "op", "id": op_id, "op": op, "group": self._members, "tag": int(tag),

@@ -9,6 +9,11 @@ element (bf16, half of fp32's), bytes recorded by the courier. Train: the master
 step against float64 SGD within `expected.TOLERANCE`, the skipped steps exactly where an
 overflow was injected on one rank, the scale after each step, and the working weights equal to
 the masters rounded to bf16 on every rank (Micikevicius et al., 2018, §3.1-3.2).
+
+Every count, byte and dtype is judged over the whole case (`r.traffic[rank]`, bounded by the
+courier, which hands out the case and takes its output), never inside the harness's sections:
+their marks are sent by the rank, and a forged pair once moved a float32 all-reduce out of the
+counted section (red team 3). Sections only say which step a message is about.
 """
 
 from __future__ import annotations
@@ -153,7 +158,7 @@ def judge_unscale(r: CaseResult) -> Verdict:
                         f"{bad[1]}" if any_bad else f"unscale_ returned {found[0]} for finite "
                         f"gradients")
     for rank in range(r.world_size):
-        calls = r.traffic[rank].section("unscale").calls
+        calls = r.traffic[rank].calls  # the whole case (the courier's bounds): unscale_ only
         if r.world_size > 1 and calls != {"all_reduce": 1}:
             return _fail(r, f"rank {rank} made {calls or 'no collectives'} in unscale_: "
                             f"expected one all-reduce (of the inf/NaN flag)")
@@ -187,17 +192,18 @@ def judge_reduce(r: CaseResult) -> Verdict:
                        if summed else describe(got, want))
                 return _fail(r, f"gradient {k} on rank {rank}: {why}")
     for rank in range(p):
-        rec = r.traffic[rank].section("reduce")
-        n = rec.calls.get("all_reduce", 0)
-        if n != 1:
-            return _fail(r, f"rank {rank} made {n} all-reduces: flatten every gradient into one "
-                            f"bf16 buffer and all-reduce it once")
-        if rec.collective_bytes != 2 * numel:
-            which = " (float32: cast the buffer to bfloat16)" if \
-                rec.collective_bytes == 4 * numel else ""
-            return _fail(r, f"rank {rank}'s all-reduce passed {rec.collective_bytes} bytes, "
-                            f"expected 2 per gradient element, {2 * numel} (half of fp32's "
-                            f"{4 * numel}){which}")
+        # The whole case, whose bounds are the courier's (it hands out the case and takes the
+        # output): the case is one all_reduce_gradients call, so no mark can move a call out.
+        ops = [op for op in r.traffic[rank].ops if op.op == "all_reduce"]
+        if len(ops) != 1:
+            return _fail(r, f"rank {rank} made {len(ops)} all-reduces: flatten every gradient "
+                            f"into one bf16 buffer and all-reduce it once")
+        nbytes, dtype = ops[0].nbytes, ops[0].dtype
+        if nbytes != 2 * numel or dtype != "bfloat16":
+            which = " (float32: cast the buffer to bfloat16)" if nbytes == 4 * numel else ""
+            return _fail(r, f"rank {rank}'s all-reduce passed {nbytes} bytes of {dtype}, "
+                            f"expected 2 per gradient element, {2 * numel} of bfloat16 (half of "
+                            f"fp32's {4 * numel}){which}")
     return Verdict(True)
 
 
@@ -249,23 +255,33 @@ def judge_train(r: CaseResult) -> Verdict:
     return Verdict(True)
 
 
+FLAG_BYTES = 8  # the inf/NaN flag's all-reduce: one number (int64 or float64 at most)
+
+
 def judge_train_bytes(r: CaseResult) -> Verdict:
-    """The gradients' all-reduce in every step passes 2Ψ bytes of bf16 (plus the flag's)."""
+    """The case's all-reduces, all of them (the courier's bounds, not the harness's marks):
+    per step one gradient all-reduce of 2Ψ bytes of bf16 and one flag of at most FLAG_BYTES;
+    nothing else. The sections only say which step a wrong one was in (feedback)."""
     values = judge_train(r)
     if not values.passed:
         return values
-    psi = r.case["d_out"] * (r.case["d_in"] + 1)
+    psi, steps = r.case["d_out"] * (r.case["d_in"] + 1), r.case["steps"]
+    want = f"{2 * psi} bytes of bfloat16 (Ψ = {psi} parameters)"
     for rank in range(r.world_size):
-        for t in range(r.case["steps"]):
-            ops = [op for op in r.traffic[rank].section(f"step{t}").ops if op.op == "all_reduce"]
-            biggest = max(ops, key=lambda op: op.nbytes, default=None)
-            if biggest is None or biggest.nbytes != 2 * psi or biggest.dtype != "bfloat16":
-                got = "none" if biggest is None else f"{biggest.nbytes} bytes of {biggest.dtype}"
-                return _fail(r, f"rank {rank}'s gradient all-reduce in step {t}: {got}, "
-                                f"expected {2 * psi} bytes of bfloat16 (Ψ = {psi} parameters)")
-            if len(ops) != 2:
-                return _fail(r, f"rank {rank} made {len(ops)} all-reduces in step {t}, "
-                                f"expected 2 (the gradients, the inf/NaN flag)")
+        ops = [op for op in r.traffic[rank].ops if op.op == "all_reduce"]
+        grads = [op for op in ops if op.nbytes > FLAG_BYTES]
+        wrong = next((op for op in grads
+                      if op.nbytes != 2 * psi or op.dtype != "bfloat16"), None)
+        if wrong is not None:
+            where = next((f" in step {t}" for t in range(steps)
+                          if any(o is wrong for o in r.traffic[rank].section(f"step{t}").ops)),
+                         "")
+            return _fail(r, f"rank {rank}'s all-reduce{where}: {wrong.nbytes} bytes of "
+                            f"{wrong.dtype}; every gradient all-reduce must be {want}")
+        if len(grads) != steps or len(ops) != 2 * steps:
+            return _fail(r, f"rank {rank} made {len(ops)} all-reduces in {steps} steps, "
+                            f"{len(grads)} of them over {FLAG_BYTES} bytes; expected 2 per step "
+                            f"(the gradients, {want}; the inf/NaN flag)")
     return Verdict(True)
 
 
