@@ -6,8 +6,10 @@ must apply the *mean* of the ranks' gradients (Li et al., "PyTorch Distributed",
 Buckets are the course's rule (`toolkit.data_parallel.buckets.assign_buckets`, trusted code run
 here, never in the ranks): reverse parameter order, a bucket closes once it holds the cap. Traffic
 is what the grader's courier saw in each step's sections (`harness._step`): one all-reduce per
-bucket, and as many bytes as the trainable parameters (frozen ones not sent, a tied weight sent
-once); barriers are allowed and not counted. An all-reduce overlapped with backward when it
+bucket, each carrying one bucket's bytes, as many in all as the trainable parameters (frozen
+ones not sent, a tied weight sent once); barriers are allowed and, like zero-byte calls, not
+counted. `assign_buckets` is judged on the case's sizes and caps, one row per pair: a rank's
+rows say nothing about what is judged. An all-reduce overlapped with backward when it
 reached the courier before the synchronised backward's gate: the round trip whose answer s_n
 (from the grade's secret, `autograder.sandbox.gate`) the first layer's gradients are scaled by
 (`harness.Gate`), so they cannot exist before it, and the expected parameters apply the same
@@ -406,8 +408,8 @@ CHECKS = [
                                "is not part of a step)."),
     Check("DDP: an all-reduce starts during backward (async), all finish before it returns", 8,
           "train", cases({"world_size": 2, **MLP}, seed=20, steps=2), judge_overlap,
-          about="Start times against the moment backward asked the grader for the scale of "
-                "the first layer's gradient."),
+          about="Traffic first; then bucket 0's all-reduce against the moment backward asked "
+                "the grader for the scale of the first layer's gradient."),
     Check("no_sync(): sends nothing; accumulated steps equal single-process training", 6,
           "train", cases({"world_size": 2, **TOY, "side": False, "accumulate": 2}, seed=30,
                          steps=2), judge_no_sync,

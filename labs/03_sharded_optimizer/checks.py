@@ -4,10 +4,13 @@ Judges run in the grader. Expected parameters come from training the same seeded
 process, in float64, on the whole batch (every rank had an equal slice, so the sharded run must
 apply the *mean* gradient). Memory is read from what the ranks measured (bytes of the inner
 optimizer's state tensors; gathered parameters alive after forward) and traffic from the
-grader's courier: calls per operation (``reduce_scatter_tensor`` and ``reduce_scatter_single``
-are one operation, as are ``all_gather_into_tensor`` and ``all_gather_single``). ZeRO §5.1-5.3
-and §7.2 (Rajbhandari et al., SC 2020): stage 2 keeps Kψ/N_d bytes of optimizer state per rank;
-stage 3 all-gathers each unit twice and reduce-scatters its gradient once per step.
+grader's courier: calls per operation (``reduce_scatter_tensor``, ``reduce_scatter_single`` and
+the list form ``reduce_scatter`` are one operation, as are the all-gathers) and the elements
+each took in: a reduce-scatter p·S (the flat padded vector), an all-gather S (a shard),
+S = ⌈n/p⌉ for the case's model. The pure functions are judged on the case's (n, p), one row
+each. ZeRO §5.1-5.3 and §7.2 (Rajbhandari et al., SC 2020): stage 2 keeps Kψ/N_d bytes of
+optimizer state per rank; stage 3 all-gathers each unit twice and reduce-scatters its gradient
+once per step.
 """
 
 from __future__ import annotations
@@ -391,7 +394,8 @@ CHECKS = [
           judge_zero, about="Sizes p does not divide, a frozen bias; compared in float64."),
     Check("ShardedOptimizer (Adam): each rank holds ≈ 1/p of the optimizer state", 6, "zero",
           cases([(2, (7, 5, 3), ()), (4, (7, 5, 3), ())], seed=10, optimizer="adam"),
-          judge_state, about="Bytes of exp_avg and exp_avg_sq measured on each rank."),
+          judge_state, about="Bytes of exp_avg and exp_avg_sq measured on each rank; each "
+                             "reduce-scatter's input p·S elements (courier)."),
     Check("FSDPLinear: shards in place, training equals single-process after 2 steps", 10,
           "fsdp", cases([(2, (5, 6, 3), ()), (2, (3, 4, 4, 2), ())], seed=20), judge_fsdp,
           about="Every rank's shard before training, then all shards put together after SGD."),
