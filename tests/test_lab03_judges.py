@@ -136,6 +136,22 @@ def test_usual_mistakes_are_named(verdict, words):
     assert not v.passed and words in v.message, v.message
 
 
+def _even_bounds(n: int, p: int, r: int) -> list[int]:
+    size = math.ceil(n / p)
+    return [r * size, (r + 1) * size]
+
+
+def _bounds_rows(sizes, bounds=_even_bounds) -> list[dict]:
+    """The harness's rows for `sizes` (p = 1..4 each): `bounds(n, p, r)` and the right flat."""
+    rows = []
+    for n in sizes:
+        for p in (1, 2, 3, 4):
+            flat = torch.zeros(p * math.ceil(n / p))
+            flat[:n] = torch.arange(float(n))
+            rows.append({"flat": flat, "bounds": [bounds(n, p, r) for r in range(p)]})
+    return rows
+
+
 def _split_bounds(n: int, p: int, r: int) -> list[int]:
     """A student's shard_bounds that cuts as torch.tensor_split does (empty chunks included)."""
     sizes = [n // p + (k < n % p) for k in range(p)]
@@ -146,26 +162,9 @@ def _split_bounds(n: int, p: int, r: int) -> list[int]:
 def test_uneven_bounds_are_called_uneven(sizes):
     """The rows the harness returns for the check's own sizes (n = 1 over p = 2 gives an empty
     chunk first): the message names tensor_split's uneven chunks."""
-    rows = []
-    for n in sizes:
-        for p in (1, 2, 3, 4):
-            size = math.ceil(n / p)
-            flat = torch.zeros(p * size)
-            flat[:n] = torch.arange(float(n))
-            rows.append({"flat": flat, "bounds": [_split_bounds(n, p, r) for r in range(p)]})
+    rows = _bounds_rows(sizes, _split_bounds)
     v = checks["judge_bounds"](_result({"world_size": 1, "sizes": sizes}, [rows]))
     assert not v.passed and "tensor_split's uneven chunks" in v.message, v.message
-
-
-def _bounds_rows(sizes) -> list[dict]:
-    rows = []
-    for n in sizes:
-        for p in (1, 2, 3, 4):
-            size = math.ceil(n / p)
-            flat = torch.zeros(p * size)
-            flat[:n] = torch.arange(float(n))
-            rows.append({"bounds": [[r * size, (r + 1) * size] for r in range(p)], "flat": flat})
-    return rows
 
 
 def test_bounds_are_judged_on_the_case_sizes():

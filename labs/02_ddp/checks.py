@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from _lab_harness import (LR, install_gate, make_model,  # the lab's harness.py
                           micro_batches, uses_side)
-from autograder.lab import CaseResult, Check, LabInfo, Verdict
+from autograder.lab import CaseResult, Check, LabInfo, Verdict, one_row_each
 from autograder.sandbox.gate import LOCAL_KEY, scale
 from toolkit.data_parallel.buckets import assign_buckets
 
@@ -370,11 +370,9 @@ def _is_buckets(got) -> bool:
 def judge_buckets(r: CaseResult) -> Verdict:
     """One row per (sizes, cap) of the case, in order; only each row's ``buckets`` is read."""
     rows, want_rows = r.outputs[0], _bucket_rows(r.case)
-    if not (isinstance(rows, list) and len(rows) == len(want_rows)
-            and all(isinstance(row, dict) for row in rows)):
-        got = f"{len(rows)} rows" if isinstance(rows, list) else str(rows)[:80]
-        return Verdict(False, f"expected one result per (sizes, cap) pair, "
-                              f"{len(want_rows)} in all; got {got}")
+    wrong = one_row_each(rows, len(want_rows), "(sizes, cap) pair")
+    if wrong is not None:
+        return wrong
     for row, (sizes, cap) in zip(rows, want_rows):
         got = row.get("buckets")
         want = assign_buckets([torch.zeros(n) for n in sizes], cap)  # the case's sizes: small

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from _lab_harness import OPTIMIZERS, make_data, make_model  # the lab's harness.py
-from autograder.lab import CaseResult, Check, LabInfo, Verdict
+from autograder.lab import CaseResult, Check, LabInfo, Verdict, one_row_each
 
 LAB = LabInfo(
     slug="03_sharded_optimizer",
@@ -121,11 +121,9 @@ def judge_bounds(r: CaseResult) -> Verdict:
     """One row per (n, p) of the case, in order; only each row's ``bounds`` and ``flat`` are
     read, and the expected flat vector is built from the case's n."""
     rows, want_rows = r.outputs[0], _bounds_rows(r.case)
-    if not (isinstance(rows, list) and len(rows) == len(want_rows)
-            and all(isinstance(row, dict) for row in rows)):
-        got = f"{len(rows)} rows" if isinstance(rows, list) else str(rows)[:80]
-        return Verdict(False, f"expected one result per (n, p) pair, {len(want_rows)} in all; "
-                              f"got {got}")
+    wrong = one_row_each(rows, len(want_rows), "(n, p) pair")
+    if wrong is not None:
+        return wrong
     for row, (n, p) in zip(rows, want_rows):
         size = math.ceil(n / p)
         want = [[k * size, (k + 1) * size] for k in range(p)]
