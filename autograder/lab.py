@@ -49,6 +49,16 @@ class CaseResult:
     their bytes), collectives, and the harness's marks and sections."""
 
 
+def one_row_each(rows: Any, count: int, what: str) -> Verdict | None:
+    """A failed verdict unless `rows` (a rank's output) is a list of `count` dicts, one per
+    `what` (e.g. "(n, p) pair") the case asks for; None when it is. A judge then reads each
+    row's answers only, with the parameters taken from the case (never from the rows)."""
+    if isinstance(rows, list) and len(rows) == count and all(isinstance(r, dict) for r in rows):
+        return None
+    got = f"{len(rows)} rows" if isinstance(rows, list) else str(rows)[:80]
+    return Verdict(False, f"expected one result per {what}, {count} in all; got {got}")
+
+
 @dataclass(frozen=True)
 class Check:
     """One graded check: a name students read, points, the harness call, cases and a judge."""
@@ -176,4 +186,5 @@ def load_lab(path: Path, *, hidden: bool = True) -> Lab:
     return Lab(checks_mod.LAB, path, checks, harness, hidden_loaded)
 
 
-__all__ = ["CaseResult", "Check", "Lab", "LabInfo", "Verdict", "find_lab", "load_lab"]
+__all__ = ["CaseResult", "Check", "Lab", "LabInfo", "Verdict", "find_lab", "load_lab",
+           "one_row_each"]

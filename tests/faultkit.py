@@ -177,11 +177,23 @@ def assert_passed(check) -> None:
     assert check.ok and check.score == check.check.points, (check.kind, check.message)
 
 
+def assert_fault(lab_dir: Path, faults: Path, fault: str, want: dict, tmp_path: Path) -> None:
+    """`grade_fault_on_checks` on `want`'s checks (name prefixes), each result against its
+    entry: (passes, regexes its message must match when it fails, as wrong_result)."""
+    got = grade_fault_on_checks(lab_dir, faults, fault, list(want), tmp_path)
+    for check, (passes, says) in zip(got, want.values(), strict=True):
+        if passes:
+            assert_passed(check)
+        else:
+            assert_failed(check, "wrong_result", *says)
+
+
 def report_text(result) -> str:
     return to_text(result) + json.dumps(to_results_json(result))
 
 
 __all__ = ["FAULTS", "HANG_S", "LIMITS", "REFERENCE", "RING", "ROOT", "SMALL", "assert_failed",
+           "assert_fault",
            "assert_passed", "grade_fault_on_check", "grade_fault_on_checks", "line_of",
            "report_text", "ring_lines", "run_fault", "run_grade", "small_lab", "source",
            "submission", "survivors"]

@@ -1,18 +1,21 @@
-"""Lab 02's overlap check rests on the courier's gate, not on the rank's word (issue 19 §2): each
-fault file in tests/faults/02_ddp/ is the reference with one cheat appended (the later
-definition wins), graded on the first case of the visible values check and of the overlap check
-(real ranks). A cheat that keeps the values right must lose the overlap check only; one that
-skips the gate must lose the values. The reference's full marks, the release and the stubs are
-tested with every lab in test_autograder.py."""
+"""Lab 02's overlap check rests on the courier's gate, not on the rank's word (issue 19 §2), its
+traffic on each all-reduce's bytes, and assign_buckets on the case's sizes (red-team pass 3):
+each fault file in tests/faults/02_ddp/ is the reference with one cheat appended (the later
+definition wins), graded on the first case of the visible checks it names (real ranks). A
+cheat that keeps the values right must lose the checks it targets only; one that skips the gate
+must lose the values. The reference's full marks, the release and the stubs are tested with
+every lab in test_autograder.py."""
 
 from __future__ import annotations
 
 import pytest
-from faultkit import ROOT, assert_failed, assert_passed, grade_fault_on_checks
+from faultkit import ROOT, assert_failed, assert_fault, assert_passed, grade_fault_on_checks
 
 LAB_DIR = ROOT / "labs" / "02_ddp"
 FAULTS = ROOT / "tests" / "faults" / "02_ddp"
 VALUES, OVERLAP = "DDP: after 3 steps", "DDP: an all-reduce starts during backward"
+TRAFFIC, BUCKETS = "DDP: one all-reduce per bucket", "assign_buckets: reverse parameter order"
+ROWS = [r"expected one result per \(sizes, cap\) pair, 8 in all; got (0|1) rows"]
 
 # fault -> (passes values, passes overlap, regexes the first failed check's message must match)
 CASES = {
@@ -24,6 +27,24 @@ CASES = {
     "gate_skipped": (False, False, [r"rank 0's a\.weight differs from single-process training",
                                     r"check which slice of which bucket"]),
 }
+
+
+# fault -> {check: (passes, regexes its message must match when it fails)}
+MORE = {
+    "zero_decoys": {VALUES: (True, []),
+                    TRAFFIC: (False, [r"1 all-reduces; the 7 trainable parameters make 3 "
+                                      r"bucket\(s\)"]),
+                    OVERLAP: (False, [r"1 all-reduces; the 8 trainable parameters make 3 "
+                                      r"bucket\(s\)"])},
+    "bucket_rows": {BUCKETS: (False, ROWS)},
+    "bucket_rows_memory": {BUCKETS: (False, ROWS)},  # judged without allocating 3 × 10**12
+}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("fault", sorted(MORE))
+def test_rows_and_bytes_come_from_the_case_and_the_courier(fault, tmp_path):
+    assert_fault(LAB_DIR, FAULTS, fault, MORE[fault], tmp_path)
 
 
 @pytest.mark.multirank
@@ -40,4 +61,4 @@ def test_overlap_is_judged_by_the_gate(fault, tmp_path):
 
 
 def test_every_fault_file_has_a_case():
-    assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES)
+    assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES) | set(MORE)

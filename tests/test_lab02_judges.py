@@ -1,5 +1,6 @@
 """Lab 02's traffic hint names the mistake from the model itself: a weight tied under any
-attribute name, in any dtype, and frozen parameters sent along; no ranks started."""
+attribute name, in any dtype, and frozen parameters sent along; assign_buckets is judged on the
+case's sizes and caps, never on what the rank's rows say; no ranks started."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from autograder.lab import load_lab
+from autograder.lab import CaseResult, load_lab
+from toolkit.data_parallel.buckets import assign_buckets
 
 LAB = load_lab(Path(__file__).resolve().parents[1] / "labs" / "02_ddp")
 import _lab_harness as harness  # noqa: E402  (registered by load_lab)
@@ -49,3 +51,30 @@ def test_frozen_parameters_sent_are_named_and_an_untied_model_gets_no_tied_hint(
     assert "frozen parameters were sent" in hint(model, every)
     untied = harness.make_model({})
     assert hint(untied, 2 * nbytes(untied.parameters())) == ""
+
+
+CASE = {"world_size": 1, "sizes": [[100, 100, 300], [5, 7]], "caps": [1000, 1]}
+
+
+def _buckets(rows) -> bool:
+    return checks["judge_buckets"](CaseResult(CASE, 1, [None], [rows], []))
+
+
+def _right_rows() -> list[dict]:
+    return [{"buckets": assign_buckets([torch.zeros(n) for n in sizes], cap)}
+            for sizes in CASE["sizes"] for cap in CASE["caps"]]
+
+
+def test_buckets_are_judged_on_the_case_sizes():
+    """The right buckets, one row per (sizes, cap) of the case, pass; no rows (a stub whose
+    harness call was replaced: lab02_bucket_rows) fail; a row naming sizes of its own (10**12
+    elements: lab02_bucket_rows_memory) is judged on the case's sizes, never allocated."""
+    assert _buckets(_right_rows()).passed
+    v = _buckets([])
+    assert not v.passed and "4 in all; got 0 rows" in v.message, v.message
+    forged = [{"sizes": [10**12], "cap": 1, "buckets": [[0]]}] * 4
+    v = _buckets(forged)
+    said = "of [400, 400, 1200] bytes, cap_bytes=1000) gave [[0]], expected [[2], [1, 0]]"
+    assert not v.passed and said in v.message, v.message
+    v = _buckets(_right_rows() * 75)  # lab02_bucket_rows_time: extra rows are refused
+    assert not v.passed and "got 300 rows" in v.message, v.message

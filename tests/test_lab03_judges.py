@@ -20,20 +20,25 @@ checks = next(c for c in LAB.checks if c.call == "zero").judge.__globals__  # ch
 W = 2
 ZERO = {"world_size": W, "dims": [7, 5, 3], "frozen": ["0.bias"], "seed": 0, "optimizer": "sgd"}
 FSDP = {"world_size": W, "dims": [5, 6, 3], "frozen": [], "seed": 3}
-CALLS = {"all_gather_single": 2 * 2 * 2, "reduce_scatter_single": 2 * 2}  # 2 units, 2 steps
+SHARDS = [18, 11]  # S per FSDP unit: ⌈(6·5 + 6)/2⌉, ⌈(3·6 + 3)/2⌉
+# (op, elements in) per call: 2 steps × (2 all-gathers of S and 1 reduce-scatter of p·S a unit)
+CALLS = [("all_gather_single", s) for s in SHARDS for _ in range(4)] + \
+    [("reduce_scatter_single", W * s) for s in SHARDS for _ in range(2)]
+ZERO_S = 27  # ⌈53/2⌉: 7·5 + 5 + 5·3 + 3 elements, less the 5 of the frozen 0.bias
+ZERO_CALLS = [("reduce_scatter_single", W * ZERO_S), ("all_gather_single", ZERO_S)] * 3
 
 
-def _traffic(rank: int, calls: dict[str, int]) -> RankTraffic:
-    """A rank's traffic as the courier would record these calls (sizes do not matter here)."""
+def _traffic(rank: int, calls) -> RankTraffic:
+    """A rank's traffic as the courier would record these calls, (op, float32 elements in)
+    each, in order."""
     t = RankTraffic(rank)
-    for op, n in calls.items():
-        for _ in range(n):
-            t.add(Op(rank, len(t.ops), op, None, 0, "float32", ()))
+    for op, n in calls:
+        t.add(Op(rank, len(t.ops), op, None, 4 * n, "float32", (n,)))
     return t
 
 
-def _result(case, outputs, calls=None):
-    traffic = [_traffic(r, dict(calls or {})) for r in range(case["world_size"])]
+def _result(case, outputs, calls=()):
+    traffic = [_traffic(r, calls) for r in range(case["world_size"])]
     return CaseResult(case, case["world_size"], harness.make_inputs(case, case["world_size"]),
                       outputs, traffic)
 
@@ -65,7 +70,52 @@ def _fsdp_outputs(scale=1.0, held=0, swap=False):
 
 def test_the_right_outputs_pass():
     assert checks["judge_zero"](_result(ZERO, _zero_outputs())).passed
+    assert checks["judge_zero_traffic"](_result(ZERO, _zero_outputs(), ZERO_CALLS)).passed
     assert checks["judge_fsdp_traffic"](_result(FSDP, _fsdp_outputs(), CALLS)).passed
+
+
+def _renamed(calls, old: str, new: str):
+    return [(new if op == old else op, n) for op, n in calls]
+
+
+def test_list_forms_and_early_broadcasts_are_allowed():
+    """dist.all_gather / dist.reduce_scatter (list forms) move the same bytes: counted as the
+    single forms. A broadcast before training (a constructor's) is allowed."""
+    listed = _renamed(_renamed(CALLS, "all_gather_single", "all_gather"),
+                      "reduce_scatter_single", "reduce_scatter")
+    assert checks["judge_fsdp_traffic"](_result(FSDP, _fsdp_outputs(), listed)).passed
+    early = [("broadcast", 53)] + ZERO_CALLS
+    assert checks["judge_zero_traffic"](_result(ZERO, _zero_outputs(), early)).passed
+
+
+@pytest.mark.parametrize("judge, case, calls, words", [
+    # lab03_replicated_state: a reduce-scatter of the p-times repeated flat gradient (p·P in,
+    # the whole sum out), so every rank can step every parameter
+    ("judge_zero_traffic", ZERO, [("reduce_scatter_single", W * W * ZERO_S),
+                                  ("all_gather_single", ZERO_S)] * 3,
+     "reduce-scatters took [108, 108, 108] elements in"),
+    ("judge_zero_traffic", ZERO, ZERO_CALLS[:2] + [("broadcast", 53)] + ZERO_CALLS[2:],
+     "called broadcast during training"),
+    ("judge_fsdp_traffic", FSDP, CALLS[1:] + [("all_gather_single", 36)],
+     "all-gathers took [11, 11, 11, 11, 18, 18, 18, 36] elements in"),
+    ("judge_fsdp_traffic", FSDP, CALLS + [("broadcast", 36)], "called broadcast during training"),
+])
+def test_collective_shapes_are_judged(judge, case, calls, words):
+    v = checks[judge](_result(case, _zero_outputs() if case is ZERO else _fsdp_outputs(), calls))
+    assert not v.passed and words in v.message, v.message
+
+
+def test_state_needs_sharded_collectives():
+    """The state check takes the courier's word for what each rank received: 1/p of the bytes
+    in the rank's optimizer but the whole gradient sum delivered fails."""
+    adam = dict(ZERO, optimizer="adam", frozen=[])
+    n = 7 * 5 + 5 + 5 * 3 + 3  # 58 trainable elements: S = 29
+    good = [("reduce_scatter_single", W * 29), ("all_gather_single", 29)] * 3
+    bad = [("reduce_scatter_single", W * W * 29), ("all_gather_single", 29)] * 3
+    small = _zero_outputs(state_bytes=8 * math.ceil(n / W))
+    assert checks["judge_state"](_result(adam, small, good)).passed
+    v = checks["judge_state"](_result(adam, small, bad))
+    assert not v.passed and "p·S = 58" in v.message, v.message
 
 
 @pytest.mark.parametrize("verdict, words", [
@@ -78,12 +128,28 @@ def test_the_right_outputs_pass():
     (lambda: checks["judge_fsdp_traffic"](_result(FSDP, _fsdp_outputs(held=232), CALLS)),
      "still held 232 bytes of gathered parameters after forward"),
     (lambda: checks["judge_fsdp_traffic"](_result(FSDP, _fsdp_outputs(),
-                                                  {**CALLS, "all_reduce": 2})),
+                                                  CALLS + [("all_reduce", 10)] * 2)),
      "FSDP reduce-scatters the gradient"),
 ])
 def test_usual_mistakes_are_named(verdict, words):
     v = verdict()
     assert not v.passed and words in v.message, v.message
+
+
+def _even_bounds(n: int, p: int, r: int) -> list[int]:
+    size = math.ceil(n / p)
+    return [r * size, (r + 1) * size]
+
+
+def _bounds_rows(sizes, bounds=_even_bounds) -> list[dict]:
+    """The harness's rows for `sizes` (p = 1..4 each): `bounds(n, p, r)` and the right flat."""
+    rows = []
+    for n in sizes:
+        for p in (1, 2, 3, 4):
+            flat = torch.zeros(p * math.ceil(n / p))
+            flat[:n] = torch.arange(float(n))
+            rows.append({"flat": flat, "bounds": [bounds(n, p, r) for r in range(p)]})
+    return rows
 
 
 def _split_bounds(n: int, p: int, r: int) -> list[int]:
@@ -96,13 +162,18 @@ def _split_bounds(n: int, p: int, r: int) -> list[int]:
 def test_uneven_bounds_are_called_uneven(sizes):
     """The rows the harness returns for the check's own sizes (n = 1 over p = 2 gives an empty
     chunk first): the message names tensor_split's uneven chunks."""
-    rows = []
-    for n in sizes:
-        for p in (1, 2, 3, 4):
-            size = math.ceil(n / p)
-            flat = torch.zeros(p * size)
-            flat[:n] = torch.arange(float(n))
-            rows.append({"numel": n, "world_size": p, "flat": flat,
-                         "bounds": [_split_bounds(n, p, r) for r in range(p)]})
+    rows = _bounds_rows(sizes, _split_bounds)
     v = checks["judge_bounds"](_result({"world_size": 1, "sizes": sizes}, [rows]))
     assert not v.passed and "tensor_split's uneven chunks" in v.message, v.message
+
+
+def test_bounds_are_judged_on_the_case_sizes():
+    """One row per (n, p) of the case: the right rows pass; no rows (lab03_bounds_rows: a
+    stub whose harness call was replaced) fail; a row naming its own huge n is never read."""
+    case = {"world_size": 1, "sizes": [1, 7]}
+    assert checks["judge_bounds"](_result(case, [_bounds_rows([1, 7])])).passed
+    v = checks["judge_bounds"](_result(case, [[]]))
+    assert not v.passed and "8 in all; got 0 rows" in v.message, v.message
+    forged = [{"numel": 10**12, "world_size": 4, "bounds": [[0, 1]] * 4, "flat": None}] * 8
+    v = checks["judge_bounds"](_result(case, [forged]))
+    assert not v.passed and "shard_bounds(1, 1, r)" in v.message, v.message

@@ -82,7 +82,9 @@ class Link:
                 if kind in ("done", "fail"):
                     work = self.works.pop(meta.get("id"), None)
                     if work is not None:
-                        work._finish(meta, payload)
+                        done = work._finish(meta, payload)
+                        work = None  # a rank woken by `done` finds no buffer of its held here
+                        done.set()
                 elif kind == "gate":
                     self.gates.put(meta)
                 else:
@@ -103,7 +105,7 @@ class CourierWork(dist._Work):
         self._seen = False
         self._source = -1
 
-    def _finish(self, meta: dict, payload: bytes) -> None:
+    def _finish(self, meta: dict, payload: bytes) -> threading.Event:
         if meta.get("k") == "fail":
             self._error = str(meta.get("message", "the grader refused this call"))
             self._future.set_exception(RuntimeError(self._error))
@@ -118,7 +120,7 @@ class CourierWork(dist._Work):
             except Exception as err:  # noqa: BLE001 - a reply that does not fit the buffers
                 self._error = f"the reply did not fit: {err}"
                 self._future.set_exception(RuntimeError(self._error))
-        self._event.set()
+        return self._event  # set by the reader once it holds no reference to this work
 
     def _observe(self, kind: str) -> None:
         if kind == "wait":  # where the rank waits: the courier names it in a deadlock

@@ -6,8 +6,10 @@ must apply the *mean* of the ranks' gradients (Li et al., "PyTorch Distributed",
 Buckets are the course's rule (`toolkit.data_parallel.buckets.assign_buckets`, trusted code run
 here, never in the ranks): reverse parameter order, a bucket closes once it holds the cap. Traffic
 is what the grader's courier saw in each step's sections (`harness._step`): one all-reduce per
-bucket, and as many bytes as the trainable parameters (frozen ones not sent, a tied weight sent
-once); barriers are allowed and not counted. An all-reduce overlapped with backward when it
+bucket, each carrying one bucket's bytes, as many in all as the trainable parameters (frozen
+ones not sent, a tied weight sent once); barriers are allowed and, like zero-byte calls, not
+counted. `assign_buckets` is judged on the case's sizes and caps, one row per pair: a rank's
+rows say nothing about what is judged. An all-reduce overlapped with backward when it
 reached the courier before the synchronised backward's gate: the round trip whose answer s_n
 (from the grade's secret, `autograder.sandbox.gate`) the first layer's gradients are scaled by
 (`harness.Gate`), so they cannot exist before it, and the expected parameters apply the same
@@ -19,13 +21,14 @@ values anyway, unless its all-reduces happened to complete).
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 import torch
 import torch.nn.functional as F
 
 from _lab_harness import (LR, install_gate, make_model,  # the lab's harness.py
                           micro_batches, uses_side)
-from autograder.lab import CaseResult, Check, LabInfo, Verdict
+from autograder.lab import CaseResult, Check, LabInfo, Verdict, one_row_each
 from autograder.sandbox.gate import LOCAL_KEY, scale
 from toolkit.data_parallel.buckets import assign_buckets
 
@@ -107,25 +110,39 @@ def _outputs(r: CaseResult) -> list[dict] | None:
     return r.outputs if ok else None
 
 
+def _counted(ops) -> list:
+    """The ops that move data: barriers are allowed anywhere, and a zero-byte collective
+    carries nothing (counting it would let empty all-reduces stand in for buckets)."""
+    return [o for o in ops if o.op != "barrier" and o.nbytes > 0]
+
+
 def steps(r: CaseResult, rank: int) -> list[dict]:
-    """Rank `rank`'s steps as the courier saw them: per step, its calls (barriers left out:
-    the lab allows them anywhere) and bytes, and each all-reduce as [position, finished before
+    """Rank `rank`'s steps as the courier saw them: per step, its calls (barriers and zero-byte
+    calls left out, `_counted`) and bytes, and each all-reduce as [position, finished before
     backward returned, async, bytes], the position of the synchronised backward's gate (None
     when it asked none), and what was sent inside no_sync()."""
     t, out = r.traffic[rank], []
     for step in range(int(r.case.get("steps", 3))):
         sync, quiet = t.section(f"sync{step}"), t.section(f"quiet{step}")
+        ops, quiet_ops = _counted(sync.ops), _counted(quiet.ops)
         end = t.position(f"sync{step}:end")
         ars = [[t.position(o), o.observed and o.observed_at is not None
                 and end is not None and o.observed_at <= end, o.async_op, o.nbytes]
-               for o in sync.ops if o.op == "all_reduce"]
+               for o in ops if o.op == "all_reduce"]
         gate = t.position(sync.gates[0]) if sync.gates else None
-        out.append({"calls": {op: n for op, n in sync.calls.items() if op != "barrier"},
-                    "bytes": sum(o.nbytes for o in sync.ops if o.op != "barrier"),
+        out.append({"calls": dict(Counter(o.op for o in ops)),
+                    "bytes": sum(o.nbytes for o in ops),
                     "all_reduces": ars, "gate": gate,
-                    "quiet_calls": {op: n for op, n in quiet.calls.items() if op != "barrier"},
-                    "quiet_bytes": sum(o.nbytes for o in quiet.ops)})
+                    "quiet_calls": dict(Counter(o.op for o in quiet_ops)),
+                    "quiet_bytes": sum(o.nbytes for o in quiet_ops)})
     return out
+
+
+def bucket_bytes(case: dict) -> list[int]:
+    """Bytes of each bucket of the case's model (`expected_buckets`), in bucket order."""
+    params = [p for p in make_model(case, 0).parameters() if p.requires_grad]
+    return [sum(params[i].numel() * params[i].element_size() for i in b)
+            for b in expected_buckets(case)]
 
 
 def _in_flight(r: CaseResult) -> tuple[int, int] | None:
@@ -212,7 +229,7 @@ def judge_traffic(r: CaseResult) -> Verdict:
     n_buckets, n_params = len(expected_buckets(r.case)), len(params)
     cap = int(r.case.get("cap", DEFAULT_CAP))
     trainable = sum(p.numel() * p.element_size() for p in params)
-    label = _label(r)
+    want_each, label = bucket_bytes(r.case), _label(r)
     for rank in range(r.world_size):
         for step, s in enumerate(steps(r, rank)):
             calls, nbytes = s["calls"], s["bytes"]
@@ -236,6 +253,11 @@ def judge_traffic(r: CaseResult) -> Verdict:
                 return Verdict(False, f"{at}: the all-reduces carried {nbytes:,} bytes; the "
                                       f"trainable parameters hold {trainable:,}."
                                       f"{_bytes_hint(model, nbytes)}")
+            got_each = sorted(e[3] for e in s["all_reduces"])
+            if got_each != sorted(want_each):
+                return Verdict(False, f"{at}: the all-reduces carried {got_each} bytes (sorted); "
+                                      f"the buckets hold {sorted(want_each)}. Each all-reduce "
+                                      "carries one whole bucket's flat buffer")
     return Verdict(True)
 
 
@@ -262,9 +284,7 @@ def judge_order(r: CaseResult) -> Verdict:
     values = judge_traffic(r)
     if not values.passed:
         return values
-    params = [p for p in make_model(r.case, 0).parameters() if p.requires_grad]
-    want = [sum(params[i].numel() * params[i].element_size() for i in b)
-            for b in expected_buckets(r.case)]
+    want = bucket_bytes(r.case)
     for rank in range(r.world_size):
         for step, s in enumerate(steps(r, rank)):
             got = [e[3] for e in sorted(s["all_reduces"], key=lambda e: e[0])]
@@ -277,10 +297,13 @@ def judge_order(r: CaseResult) -> Verdict:
 
 
 def judge_overlap(r: CaseResult) -> Verdict:
-    values = judge_train(r)
+    """Traffic first (every all-reduce one whole bucket), then: bucket 0's all-reduce (the
+    last layer's, full first) reached the courier before the first layer's gate, async, and
+    every all-reduce was waited on before backward returned."""
+    values = judge_traffic(r)
     if not values.passed:
         return values
-    label = _label(r)
+    label, first = _label(r), bucket_bytes(r.case)[0]
     for rank in range(r.world_size):
         for step, s in enumerate(steps(r, rank)):
             at, gate = f"rank {rank}, step {step} ({label})", s.get("gate")
@@ -295,6 +318,11 @@ def judge_overlap(r: CaseResult) -> Verdict:
                                       "a bucket's all-reduce from the gradient hook "
                                       "(grad_ready) as soon as the bucket is full; bucket 0 "
                                       "(the last layer's parameters) fills first")
+            if not any(e[3] == first for e in early):
+                return Verdict(False, f"{at}: the all-reduces started during backward carried "
+                                      f"{[e[3] for e in early]} bytes; bucket 0 (the last "
+                                      f"layer's parameters, {first:,} bytes) fills first and "
+                                      "must start before backward reaches the first layer")
             if not all(e[2] for e in early):
                 return Verdict(False, f"{at}: an all-reduce started during backward blocks it "
                                       "(async_op=False). Use dist.all_reduce(buf, async_op=True) "
@@ -328,21 +356,34 @@ def judge_no_sync(r: CaseResult) -> Verdict:
 
 # -- assign_buckets (pure) -----------------------------------------------------------------
 
+def _bucket_rows(case: dict) -> list[tuple[list[int], int]]:
+    """The (sizes, cap) pairs the case asks for, in the order `harness._buckets` answers them:
+    the grader's own list, so a rank cannot choose what is judged (nor how big)."""
+    return [(list(sizes), int(cap)) for sizes in case["sizes"] for cap in case["caps"]]
+
+
+def _is_buckets(got) -> bool:
+    return isinstance(got, list) and all(
+        isinstance(b, list) and all(type(i) is int for i in b) for b in got)
+
+
 def judge_buckets(r: CaseResult) -> Verdict:
-    rows = r.outputs[0]
-    if not isinstance(rows, list):
-        return Verdict(False, f"expected a list of buckets, got {str(rows)[:80]}")
-    for row in rows:
-        want = assign_buckets([torch.zeros(n) for n in row["sizes"]], row["cap"])
-        if row["buckets"] != want:
-            nbytes = [4 * n for n in row["sizes"]]
-            hint = ""
-            forward = assign_buckets([torch.zeros(n) for n in row["sizes"][::-1]], row["cap"])
-            n = len(row["sizes"])
-            if row["buckets"] == [[n - 1 - i for i in b] for b in forward]:
+    """One row per (sizes, cap) of the case, in order; only each row's ``buckets`` is read."""
+    rows, want_rows = r.outputs[0], _bucket_rows(r.case)
+    wrong = one_row_each(rows, len(want_rows), "(sizes, cap) pair")
+    if wrong is not None:
+        return wrong
+    for row, (sizes, cap) in zip(rows, want_rows):
+        got = row.get("buckets")
+        want = assign_buckets([torch.zeros(n) for n in sizes], cap)  # the case's sizes: small
+        if got != want:
+            nbytes = [4 * n for n in sizes]
+            forward = assign_buckets([torch.zeros(n) for n in sizes[::-1]], cap)
+            hint, n = "", len(sizes)
+            if _is_buckets(got) and got == [[n - 1 - i for i in b] for b in forward]:
                 hint = " Those are buckets in forward order: walk from the last parameter."
             return Verdict(False, f"assign_buckets(parameters of {nbytes} bytes, cap_bytes="
-                                  f"{row['cap']}) gave {row['buckets']}, expected {want}.{hint} "
+                                  f"{cap}) gave {str(got)[:200]}, expected {want}.{hint} "
                                   "A bucket closes as soon as it holds cap_bytes or more.")
     return Verdict(True)
 
@@ -365,8 +406,8 @@ CHECKS = [
                                "is not part of a step)."),
     Check("DDP: an all-reduce starts during backward (async), all finish before it returns", 8,
           "train", cases({"world_size": 2, **MLP}, seed=20, steps=2), judge_overlap,
-          about="Start times against the moment backward asked the grader for the scale of "
-                "the first layer's gradient."),
+          about="Traffic first; then bucket 0's all-reduce against the moment backward asked "
+                "the grader for the scale of the first layer's gradient."),
     Check("no_sync(): sends nothing; accumulated steps equal single-process training", 6,
           "train", cases({"world_size": 2, **TOY, "side": False, "accumulate": 2}, seed=30,
                          steps=2), judge_no_sync,

@@ -4,10 +4,13 @@ Judges run in the grader. Expected parameters come from training the same seeded
 process, in float64, on the whole batch (every rank had an equal slice, so the sharded run must
 apply the *mean* gradient). Memory is read from what the ranks measured (bytes of the inner
 optimizer's state tensors; gathered parameters alive after forward) and traffic from the
-grader's courier: calls per operation (``reduce_scatter_tensor`` and ``reduce_scatter_single``
-are one operation, as are ``all_gather_into_tensor`` and ``all_gather_single``). ZeRO §5.1-5.3
-and §7.2 (Rajbhandari et al., SC 2020): stage 2 keeps Kψ/N_d bytes of optimizer state per rank;
-stage 3 all-gathers each unit twice and reduce-scatters its gradient once per step.
+grader's courier: calls per operation (``reduce_scatter_tensor``, ``reduce_scatter_single`` and
+the list form ``reduce_scatter`` are one operation, as are the all-gathers) and the elements
+each took in: a reduce-scatter p·S (the flat padded vector), an all-gather S (a shard),
+S = ⌈n/p⌉ for the case's model. The pure functions are judged on the case's (n, p), one row
+each. ZeRO §5.1-5.3 and §7.2 (Rajbhandari et al., SC 2020): stage 2 keeps Kψ/N_d bytes of
+optimizer state per rank; stage 3 all-gathers each unit twice and reduce-scatters its gradient
+once per step.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from _lab_harness import OPTIMIZERS, make_data, make_model  # the lab's harness.py
-from autograder.lab import CaseResult, Check, LabInfo, Verdict
+from autograder.lab import CaseResult, Check, LabInfo, Verdict, one_row_each
 
 LAB = LabInfo(
     slug="03_sharded_optimizer",
@@ -27,15 +30,18 @@ LAB = LabInfo(
     student_files=("sharding.py",),
     names=("shard_bounds", "flatten_padded", "ShardedOptimizer", "FSDPLinear", "GatheredLinear"),
     forbidden_imports=("toolkit.data_parallel",),
-    allowed_collectives=("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce",
-                         "broadcast"),
+    allowed_collectives=("all_gather_into_tensor", "reduce_scatter_tensor", "all_gather",
+                         "reduce_scatter", "all_reduce", "broadcast"),
 )
 
 # The operations the courier counts: torch 2.13 routes reduce_scatter_tensor and
-# all_gather_into_tensor (deprecated) to these, so either name counts as one call.
+# all_gather_into_tensor (deprecated) to the *_single ops, so either name counts as one call;
+# the list forms (dist.all_gather / dist.reduce_scatter) move the same bytes to the same ranks,
+# so they count as the same operation too.
 RS, AG = "reduce_scatter_single", "all_gather_single"
-NAMES = {RS: "reduce_scatter_tensor / reduce_scatter_single",
-         AG: "all_gather_into_tensor / all_gather_single"}
+SAME = {"reduce_scatter": RS, "all_gather": AG}
+NAMES = {RS: "reduce_scatter_tensor / reduce_scatter_single (or reduce_scatter)",
+         AG: "all_gather_into_tensor / all_gather_single (or all_gather)"}
 STATE_BYTES_PER_ELEMENT = {"sgd": 4, "adam": 8}  # momentum; Adam's exp_avg + exp_avg_sq (fp32)
 SHARE_SLACK = 1.25  # "≈ 1/N_d": a rank may hold up to 25 % more than an even flat shard
 
@@ -102,26 +108,40 @@ def _bounds_hint(bounds, n: int, p: int) -> str:
     return " Rank r's shard starts at r·S, S = ⌈n/p⌉."
 
 
+WORLD_SIZES = (1, 2, 3, 4)  # p for every n of a bounds case (`harness._bounds`)
+
+
+def _bounds_rows(case: dict) -> list[tuple[int, int]]:
+    """The (n, p) pairs the case asks for, in the order `harness._bounds` answers them: the
+    grader's own list, so a rank cannot choose what is judged (nor how big)."""
+    return [(int(n), p) for n in case["sizes"] for p in WORLD_SIZES]
+
+
 def judge_bounds(r: CaseResult) -> Verdict:
-    rows = r.outputs[0]
-    if not isinstance(rows, list):
-        return Verdict(False, f"expected plain results, got {str(rows)[:80]}")
-    for row in rows:
-        n, p = row["numel"], row["world_size"]
+    """One row per (n, p) of the case, in order; only each row's ``bounds`` and ``flat`` are
+    read, and the expected flat vector is built from the case's n."""
+    rows, want_rows = r.outputs[0], _bounds_rows(r.case)
+    wrong = one_row_each(rows, len(want_rows), "(n, p) pair")
+    if wrong is not None:
+        return wrong
+    for row, (n, p) in zip(rows, want_rows):
         size = math.ceil(n / p)
         want = [[k * size, (k + 1) * size] for k in range(p)]
-        if row["bounds"] != want:
+        bounds = row.get("bounds")
+        if bounds != want:
+            hint = _bounds_hint(bounds, n, p) if isinstance(bounds, list) else ""
             return Verdict(False, f"shard_bounds({n}, {p}, r) for r = 0..{p - 1} gave "
-                                  f"{row['bounds']}, expected {want}."
-                                  f"{_bounds_hint(row['bounds'], n, p)}")
-        flat = torch.zeros(p * size)
-        flat[:n] = torch.arange(n, dtype=torch.float32)
-        got = row["flat"]
-        if not (isinstance(got, torch.Tensor) and got.shape == flat.shape
-                and torch.equal(got, flat)):
+                                  f"{str(bounds)[:200]}, expected {want}.{hint}")
+        got = row.get("flat")
+        if not (isinstance(got, torch.Tensor) and tuple(got.shape) == (p * size,)):
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             return Verdict(False, f"flatten_padded([arange({n})], {p}) gave {shape}, expected "
                                   f"{p}·⌈{n}/{p}⌉ = {p * size} elements: the values, then zeros")
+        flat = torch.zeros(p * size)  # the case's n: small
+        flat[:n] = torch.arange(n, dtype=torch.float32)
+        if not torch.equal(got, flat):
+            return Verdict(False, f"flatten_padded([arange({n})], {p}) has the right "
+                                  f"{p * size} elements but not arange({n}) followed by zeros")
     return Verdict(True)
 
 
@@ -177,27 +197,77 @@ def judge_state(r: CaseResult) -> Verdict:
             return Verdict(False, f"rank {rank} holds {b:,} bytes of {opt} state; an even flat "
                                   f"shard is {even:,} (1/{r.world_size} of {full:,}) "
                                   f"({_label(r)})")
-    return Verdict(True)
+    return _zero_collectives(r)  # each rank received only its shard's gradient
 
 
-def judge_zero_traffic(r: CaseResult) -> Verdict:
-    values = judge_zero(r)
-    if not values.passed:
-        return values
-    steps = r.case.get("steps", 3)
+def _elements(op) -> int:
+    """Elements a rank passed into a collective (its inputs' bytes over the element size)."""
+    dtype = getattr(torch, op.dtype, None)
+    item = dtype.itemsize if isinstance(dtype, torch.dtype) else 1
+    return op.nbytes // max(item, 1)
+
+
+def _sizes(t, op: str) -> list[int]:
+    """Elements each call of `op` (a list form counted as its single form) took in, sorted."""
+    return sorted(_elements(o) for o in t.ops if SAME.get(o.op, o.op) == op)
+
+
+def _counts(t) -> dict[str, int]:
+    calls: dict[str, int] = {}
+    for o in t.ops:
+        calls[SAME.get(o.op, o.op)] = calls.get(SAME.get(o.op, o.op), 0) + 1
+    return calls
+
+
+def _late_broadcast(t) -> bool:
+    """A broadcast after the rank's first reduce-scatter or all-gather: inside training, where
+    it could move a gradient or parameters that the counted collectives should. Broadcasts
+    before (in a constructor) carry nothing the checks count."""
+    started = False
+    for o in t.ops:
+        started = started or SAME.get(o.op, o.op) in (RS, AG)
+        if started and o.op == "broadcast" and o.nbytes:
+            return True
+    return False
+
+
+def _zero_collectives(r: CaseResult) -> Verdict:
+    """ZeRO-2's collectives per rank, from the courier's record: no all-reduce, no broadcast
+    once training began, and per step one reduce-scatter of the flat padded gradient (p·S
+    elements in, S out: the courier's result is 1/p of the input) and one all-gather of the
+    S-element shard, S = ⌈P/p⌉ for the P trainable elements of the case's model."""
+    steps, p = r.case.get("steps", 3), r.world_size
+    n = sum(q.numel() for q in make_model(r.case).parameters() if q.requires_grad)
+    size = math.ceil(n / p)
     want = {RS: steps, AG: steps}
     for rank, t in enumerate(r.traffic):
-        calls = t.calls
+        calls = _counts(t)
         if calls.get("all_reduce"):
             return Verdict(False, f"rank {rank} called all_reduce {calls['all_reduce']} times: "
                                   "ZeRO-2 reduce-scatters the gradient (each rank needs only its "
                                   "shard's sum), then all-gathers the parameters")
+        if _late_broadcast(t):
+            return Verdict(False, f"rank {rank} called broadcast during training: ZeRO-2's "
+                                  "step moves data only by its reduce-scatter and all-gather "
+                                  "(a broadcast is allowed in __init__ only)")
         got = {op: calls.get(op, 0) for op in want}
         if got != want:
             return Verdict(False, f"rank {rank} made {_calls(got)} in {steps} steps; expected "
                                   f"one flat reduce-scatter and one all-gather per step, "
                                   f"{_calls(want)}")
+        rs, ag = _sizes(t, RS), _sizes(t, AG)
+        if rs != [p * size] * steps or ag != [size] * steps:
+            return Verdict(False, f"rank {rank}'s reduce-scatters took {rs} elements in and its "
+                                  f"all-gathers {ag} ({_label(r)}); the {n} trainable elements "
+                                  f"make shards of S = ⌈{n}/{p}⌉ = {size}: each reduce-scatter "
+                                  f"takes the flat padded gradient (p·S = {p * size}) and "
+                                  f"returns S, each all-gather takes the S-element shard")
     return Verdict(True)
+
+
+def judge_zero_traffic(r: CaseResult) -> Verdict:
+    values = judge_zero(r)
+    return _zero_collectives(r) if values.passed else values
 
 
 # -- FSDPLinear ------------------------------------------------------------------------------
@@ -261,24 +331,41 @@ def judge_fsdp_traffic(r: CaseResult) -> Verdict:
     values = judge_fsdp(r)
     if not values.passed:
         return values
-    steps, units = r.case.get("steps", 2), len(r.case["dims"]) - 1
+    steps, p = r.case.get("steps", 2), r.world_size
+    layers = _linears(make_model(r.case))
+    units = len(layers)
+    shards = [math.ceil(_flat(m).numel() / p) for m in layers]  # S per unit
+    want_ag = sorted(s for s in shards for _ in range(2 * steps))
+    want_rs = sorted(p * s for s in shards for _ in range(steps))
     for rank, (out, t) in enumerate(zip(r.outputs, r.traffic)):
-        held = out.get("held_after_forward")
+        held = out.get("held_after_forward") if isinstance(out, dict) else None
         if held:
             return Verdict(False, f"rank {rank} still held {held:,} bytes of gathered parameters "
-                                  "after forward: release them right after use (and save only x "
-                                  "for backward, which gathers the weight again)")
-        calls = t.calls
+                                  "after forward (a tensor holding a unit's full weight, saved "
+                                  "for backward or kept anywhere else): release them right "
+                                  "after use, save only x for backward, and gather the weight "
+                                  "again in backward")
+        calls = _counts(t)
         if calls.get("all_reduce"):
             return Verdict(False, f"rank {rank} called all_reduce: FSDP reduce-scatters the "
                                   "gradient, so each rank receives only its shard's sum "
                                   "((N−1)/N·Ψ per rank instead of 2(N−1)/N·Ψ)")
+        if _late_broadcast(t):
+            return Verdict(False, f"rank {rank} called broadcast during training: FSDP moves "
+                                  "parameters by all-gather and gradients by reduce-scatter "
+                                  "only (a broadcast is allowed in __init__ only)")
         want = {AG: 2 * units * steps, RS: units * steps}
         got = {op: calls.get(op, 0) for op in want}
         if got != want:
             return Verdict(False, f"rank {rank} made {_calls(got)} for {units} units × {steps} "
                                   f"steps; expected an all-gather in forward and one in backward "
                                   f"and a reduce-scatter per unit and step: {_calls(want)}")
+        ag, rs = _sizes(t, AG), _sizes(t, RS)
+        if ag != want_ag or rs != want_rs:
+            return Verdict(False, f"rank {rank}'s all-gathers took {ag} elements in and its "
+                                  f"reduce-scatters {rs} ({_label(r)}); the units' shards are "
+                                  f"S = {shards}: each all-gather takes one unit's S-element "
+                                  "shard, each reduce-scatter its flat padded gradient (p·S)")
     return Verdict(True)
 
 
@@ -305,7 +392,8 @@ CHECKS = [
           judge_zero, about="Sizes p does not divide, a frozen bias; compared in float64."),
     Check("ShardedOptimizer (Adam): each rank holds ≈ 1/p of the optimizer state", 6, "zero",
           cases([(2, (7, 5, 3), ()), (4, (7, 5, 3), ())], seed=10, optimizer="adam"),
-          judge_state, about="Bytes of exp_avg and exp_avg_sq measured on each rank."),
+          judge_state, about="Bytes of exp_avg and exp_avg_sq measured on each rank; each "
+                             "reduce-scatter's input p·S elements (courier)."),
     Check("FSDPLinear: shards in place, training equals single-process after 2 steps", 10,
           "fsdp", cases([(2, (5, 6, 3), ()), (2, (3, 4, 4, 2), ())], seed=20), judge_fsdp,
           about="Every rank's shard before training, then all shards put together after SGD."),

@@ -13,6 +13,9 @@ A case is a dict: ``world_size``, ``seed``, ``dims`` (layer widths, e.g. [7, 5, 
 
 from __future__ import annotations
 
+import gc
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -168,10 +171,38 @@ def _fsdp_model(student, call) -> nn.Sequential:
                            if isinstance(m, nn.Linear) else m for m in _model(call)])
 
 
-def _held_after_forward(model: nn.Sequential, x: torch.Tensor, init: list[torch.Tensor]):
-    """Bytes of gathered parameters still alive after the first forward: a unit's ``full``
-    that was not released, and any tensor saved for backward holding a unit's full weight
-    (recognised by its values, known before training)."""
+def _holds(t: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether tensor `t` starts with `weight`'s values (as a unit's gathered flat vector, or
+    a view of its weight, does). Tensors whose storage was freed in place (resize_(0), as torch
+    FSDP releases) or that live elsewhere than readable memory hold nothing."""
+    try:
+        if (t.layout != torch.strided or t.is_meta or t.dtype != weight.dtype
+                or t.numel() < weight.numel()):
+            return False
+        storage = t.untyped_storage()
+        if storage.nbytes() < (t.storage_offset() + t.numel()) * t.element_size():
+            return False
+        flat = t.detach().reshape(-1)[:weight.numel()]
+        return torch.equal(flat, weight.reshape(-1).to(flat.device))
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def _live_tensors() -> list[torch.Tensor]:
+    """Every torch tensor the interpreter's garbage collector tracks in this process (held by
+    any object: a ctx attribute, a list, a closure), after a collection."""
+    gc.collect()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # isinstance on deprecated torch names warns
+        return [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+
+
+def _held_after_forward(model: nn.Sequential, x: torch.Tensor, init: list[torch.Tensor],
+                        mine: list[torch.Tensor]):
+    """Bytes of gathered parameters still alive after the first forward: any live tensor (saved
+    for backward, or held anywhere the garbage collector sees) that holds a unit's full weight,
+    recognised by its values (known before training). `mine`: the harness's own tensors with
+    those values (the grader's inputs and `init`), not counted."""
     saved: list[torch.Tensor] = []
 
     def pack(t):
@@ -180,16 +211,14 @@ def _held_after_forward(model: nn.Sequential, x: torch.Tensor, init: list[torch.
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = model(x)
+    ours = {t.untyped_storage().data_ptr() for t in mine}
     held = {}
-    for unit, weight in zip((m for m in model if hasattr(m, "shard")), init):
-        full = getattr(unit, "full", None)
-        if isinstance(full, torch.Tensor) and full.untyped_storage().nbytes():
-            held[full.untyped_storage().data_ptr()] = full.untyped_storage().nbytes()
-        for t in saved:
-            flat = t.detach().reshape(-1)
-            if flat.numel() >= weight.numel() and t.dtype == weight.dtype and \
-                    torch.equal(flat[:weight.numel()], weight.reshape(-1)):
-                held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    for t in saved + _live_tensors():
+        storage = t.untyped_storage()
+        if storage.data_ptr() in ours or storage.nbytes() == 0:
+            continue
+        if any(_holds(t, weight) for weight in init):
+            held[storage.data_ptr()] = storage.nbytes()
     return out, sum(held.values())
 
 
@@ -204,7 +233,8 @@ def _fsdp(student, call):
     for step in range(call.case.get("steps", 2)):
         opt.zero_grad()
         if step == 0:
-            out, held = _held_after_forward(model, x, init)
+            mine = init + [v for v in call.inputs["state"].values()]
+            out, held = _held_after_forward(model, x, init, mine)
         else:
             out = model(x)
         F.mse_loss(out, y).backward()

@@ -9,7 +9,8 @@ elements, zero-padded to p·S elements with S = ⌈n/p⌉, and rank r owns eleme
 [r·S, (r+1)·S) of it, so every rank holds the same number of elements whatever the shapes.
 
 You may call these torch.distributed collectives on the default group: `all_gather_into_tensor`,
-`reduce_scatter_tensor`, `all_reduce`, `broadcast`. `toolkit.data_parallel` (the course's own
+`reduce_scatter_tensor` (or `all_gather` / `reduce_scatter`, their list forms), `all_reduce`,
+`broadcast` (in a constructor only). `toolkit.data_parallel` (the course's own
 answers) is off limits: the grader refuses the import. Every rank trains on its own, equal
 slice of the batch, so the gradient to apply is the *mean* over ranks.
 

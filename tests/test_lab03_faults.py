@@ -1,0 +1,39 @@
+"""Lab 03's checks rest on the case and the courier's record, not on the rank's rows or on what
+it keeps at agreed names (red-team pass 3): each file in tests/faults/03_sharded_optimizer/ is
+the reference with one change appended (the later definition wins), graded on the first case
+of the visible checks it names (real ranks). A cheat loses the checks it targets and keeps the
+others; the fair variant (the list form of all_gather) passes. The reference's full marks are
+tested with every lab in test_autograder.py."""
+
+from __future__ import annotations
+
+import pytest
+from faultkit import ROOT, assert_fault
+
+LAB_DIR = ROOT / "labs" / "03_sharded_optimizer"
+FAULTS = ROOT / "tests" / "faults" / "03_sharded_optimizer"
+BOUNDS, ZERO = "shard_bounds and flatten_padded", "ShardedOptimizer (SGD + momentum)"
+STATE, FSDP = "ShardedOptimizer (Adam)", "FSDPLinear: shards in place"
+RELEASE = "FSDPLinear: 2 all-gathers"
+
+# fault -> {check: (passes, regexes its message must match when it fails)}
+CASES = {
+    "bounds_rows": {BOUNDS: (False, [r"one result per \(n, p\) pair, 16 in all; got 0 rows"])},
+    "replicated_state": {ZERO: (True, []),
+                         STATE: (False, [r"reduce-scatters took \[116, 116, 116\] elements in",
+                                         r"p·S = 58"])},
+    "fsdp_keep_full": {FSDP: (True, []),
+                       RELEASE: (False, [r"rank 0 still held 232 bytes of gathered parameters "
+                                         r"after forward"])},
+    "fair_all_gather_list": {FSDP: (True, []), RELEASE: (True, [])},
+}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("fault", sorted(CASES))
+def test_checks_rest_on_the_case_and_the_courier(fault, tmp_path):
+    assert_fault(LAB_DIR, FAULTS, fault, CASES[fault], tmp_path)
+
+
+def test_every_fault_file_has_a_case():
+    assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES)
