@@ -50,14 +50,15 @@ def kept_in_order(expert: torch.Tensor, num_experts: int, capacity: int, *,
 
 
 def layer(r: CaseResult) -> MoELayer:
-    """The single-process layer with the case's weights (float64)."""
+    """The single-process layer with the case's weights (float64): the experts are the ranks'
+    inputs end to end (the grader's own draws)."""
     c, i = r.case, r.inputs[0]
     moe = MoELayer(c["d"], c["f"], c["experts"], top_k=c["top_k"],
                    capacity_factor=c["capacity_factor"], dtype=torch.float64)
     with torch.no_grad():
         moe.router.weight.copy_(i["router"])
-        for n in ("w1", "b1", "w2", "b2"):
-            getattr(moe.experts, n).copy_(i[n])
+        for n in ("w1", "b1", "w2", "b2"):  # each rank was given its own experts' only
+            getattr(moe.experts, n).copy_(torch.cat([j[n] for j in r.inputs]))
     return moe
 
 
