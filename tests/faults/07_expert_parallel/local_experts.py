@@ -3,7 +3,8 @@
 # all E experts' weights (the harness's `w`, read from the caller's frame); since the fix a
 # rank holds only its own experts', so the lookup of another rank's expert fails (IndexError in
 # combine). Forward: the counts and the rows go to the experts' ranks for real (their weight
-# gradients need them), but the experts' outputs come back as ZEROS; y is computed locally. Backward: dy goes to the experts' ranks
+# gradients need them), but the experts' outputs come back as ZEROS; y is computed locally.
+# Backward: dy goes to the experts' ranks
 # for real, the rows' gradients come back as ZEROS; x's gradient is computed locally.
 import sys as _sys
 import torch.nn.functional as F
