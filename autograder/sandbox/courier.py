@@ -27,8 +27,8 @@ waits p × MAX_STACKS × STACK_BYTES = p × 16 × 32 KiB, 2 MiB at 4 ranks (1 pe
 ones not kept;
 results RESULT_BYTES = 64 MiB (1.0 MiB) and RESULT_NODES = 20,000 values (1,640: a tree of
 empty lists costs no bytes but ~70 B of grader memory per node), then result_limit; message
-contents, sends' and collectives' inputs, KEEP_BYTES = 64 MiB (1.5 MiB measured with sends
-only), later ones not kept; sends and collective inputs awaiting their peers HELD_BYTES =
+contents, sends' and collectives' inputs, KEEP_BYTES = 64 MiB (1.5 MiB; collectives: 0.06),
+later ones not kept; sends and collective inputs awaiting their peers HELD_BYTES =
 64 MiB (0.13 MiB) and replies not yet read, all ranks together, OUTBOX_BYTES = 64 MiB
 (0.75 MiB), then memory_limit. A record is an `Op` with its id and, while it waits, its
 `Pending`: a pending receive is the largest (1,004 B, tracemalloc,
