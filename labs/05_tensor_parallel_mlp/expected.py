@@ -245,7 +245,8 @@ def contributions(r: CaseResult, rank: int) -> dict[str, list[tuple[torch.Tensor
     """What rank `rank` may pass to its one all-reduce in each phase ("forward", "backward"),
     float64, each with what it is: its partial product (Megatron's g sums Σ_r Y_r) or its
     partial input gradient (f sums Σ_r dL/dY_r·A_rᵀ), from the grader's own inputs. A
-    row-parallel partial product may carry b/p (the bias then adds up to b once)."""
+    row-parallel partial product may carry b/p, or b on rank 0 (the bias then adds up to b
+    once)."""
     kind, p = r.case["kind"], r.world_size
     if kind == "fg":
         return {"forward": [(r.inputs[rank]["x_g"].double(), "this rank's x (g's input)")],
@@ -264,7 +265,10 @@ def contributions(r: CaseResult, rank: int) -> dict[str, list[tuple[torch.Tensor
         part, grad = _mlp_rank_part(dense, rank, p)
     what = "this rank's partial product X_r·A_r" if kind == "row" else \
         "this rank's partial product GELU(X·A_r + b₁_r)·B_r"
-    out = {"forward": [(part, what)] + ([] if b is None else [(part + b / p, what + " + b/p")])}
+    out = {"forward": [(part, what)]}
+    if b is not None:  # the bias added before the sum, once in all: b/p each, or b on rank 0
+        out["forward"] += [(part + b / p, what + " + b/p")] + \
+            ([(part + b, what + " + b")] if rank == 0 else [])
     if kind == "mlp":
         out["backward"] = [(grad, "this rank's partial input gradient (through its own hidden "
                                   "units)")]
