@@ -96,7 +96,8 @@ class Op:
     observed_at: int | None = None
     """How many entries of the rank's log (ops and marks) preceded that observation."""
     data: bytes | None = None
-    """Sends: the bytes sent, when the courier kept them (see Courier.KEEP_BYTES)."""
+    """Sends: the bytes sent; collectives: the inputs, end to end; when the courier kept them
+    (see Courier.KEEP_BYTES)."""
 
 
 @dataclass(eq=False)

@@ -121,10 +121,14 @@ def test_collectives_are_computed_when_allowed_and_refused_otherwise():
     for rank in (0, 1):
         (meta, data), = replies(c, rank)
         assert torch.equal(make_tensor(*meta["outputs"][0][:2], data), torch.tensor([3.0, 6.0]))
+        kept, = c.traffic_of(rank).ops  # the input, as passed in, kept for the judges
+        assert torch.equal(make_tensor(kept.dtype, list(kept.shape), kept.data),
+                           torch.tensor([1.0, 2.0]) * (rank + 1))
     op(c, 0, 1, "broadcast", [torch.ones(2)], [torch.ones(2)], root=0)
     (meta, _), = replies(c, 0)
     assert meta["k"] == "fail" and "broadcast is not allowed" in meta["message"]
     assert [o.op for o in c.traffic_of(0).refused] == ["broadcast"]
+    assert c.traffic_of(0).ops[-1].data is None  # a refused collective keeps nothing
     assert c.traffic_of(0).calls == {"all_reduce": 1, "broadcast": 1}
 
 

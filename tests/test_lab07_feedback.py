@@ -4,7 +4,9 @@ definition wins); graded on the one visible check that must catch it (one case, 
 the layer), it scores zero there with a message that names the mistake, whatever the grade's
 secret: the wrong drop order and the unswapped backward are caught on laid-out cases
 (labs/07_expert_parallel/layouts.py; tests/test_lab07_cases.py checks the layouts over 200
-seeds). The reference's full marks, the release and the stubs are tested with every lab in
+seeds). One file is a cheat, not a mistake: local_experts (red-team pass 3) runs every expert
+on every rank, which a rank holding only its own experts' weights cannot do. The reference's
+full marks, the release and the stubs are tested with every lab in
 test_autograder.py."""
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ CASES = {
                               [r"combine without gate weights"]),
     "backward_splits_not_swapped": ("dispatch/combine: outputs", "exception",
                                     [r"send it back with the splits swapped"]),
+    # Red-team pass 3 (issue 19): every rank runs every expert itself. A rank now holds its
+    # own experts' weights only, so another rank's expert is out of its reach.
+    "local_experts": ("dispatch/combine: outputs", "exception",
+                      [r"Rank \d raised IndexError: index \d+ is out of bounds",
+                       r"in combine"]),
 }
 
 

@@ -8,7 +8,7 @@ socketpair and nothing else; every ``torch.distributed`` call arrives here as an
   a blocking send completes only when its receive is posted, as on gloo), checks that sizes and
   dtypes agree, delivers the bytes and keeps them (`Op.data`) for the judges;
 * joins each collective with its peers' (the k-th call of every member of a group), computes it
-  (`reduce`) when the lab allows it, and refuses it otherwise;
+  (`reduce`) when the lab allows it, and refuses it otherwise; keeps its inputs (`Op.data`);
 * sends each rank its cases one at a time, with that rank's inputs only, and takes its output;
 * sees a deadlock as it forms: every rank still in the launch waits on a call nobody can
   match, or has already returned (`stuck`);
@@ -27,10 +27,11 @@ waits p × MAX_STACKS × STACK_BYTES = p × 16 × 32 KiB, 2 MiB at 4 ranks (1 pe
 ones not kept;
 results RESULT_BYTES = 64 MiB (1.0 MiB) and RESULT_NODES = 20,000 values (1,640: a tree of
 empty lists costs no bytes but ~70 B of grader memory per node), then result_limit; message
-contents KEEP_BYTES = 64 MiB (1.5 MiB), later ones not kept; sends and collective inputs
-awaiting their peers HELD_BYTES = 64 MiB (0.13 MiB) and replies not yet read, all ranks
-together, OUTBOX_BYTES = 64 MiB (0.75 MiB), then memory_limit. A record is an `Op` with its id
-and, while it waits, its `Pending`: a pending receive is the largest (1,004 B, tracemalloc,
+contents, sends' and collectives' inputs, KEEP_BYTES = 64 MiB (1.5 MiB; collectives: 0.06),
+later ones not kept; sends and collective inputs awaiting their peers HELD_BYTES =
+64 MiB (0.13 MiB) and replies not yet read, all ranks together, OUTBOX_BYTES = 64 MiB
+(0.75 MiB), then memory_limit. A record is an `Op` with its id and, while it waits, its
+`Pending`: a pending receive is the largest (1,004 B, tracemalloc,
 `tests/test_courier_limits`), a mark of 200 characters about 350 B, a gate less. With the
 frames being read (one per rank at most, `channel.MAX_META` + `MAX_PAYLOAD`), one launch is
 bounded by about 0.6 GiB at 4 ranks over the grader's own 250-310 MiB.
@@ -51,7 +52,7 @@ from .reduce import COLLECTIVES, ROOTED, CollectiveError
 
 # Caps per launch (see the table above; the figures in parentheses are the most a reference
 # solution of labs 01-07 needs in one launch).
-KEEP_BYTES = 64 << 20     # contents of sends kept for the judges (1.5 MiB)
+KEEP_BYTES = 64 << 20     # contents of sends and collective inputs kept for the judges
 HELD_BYTES = 64 << 20     # sends and collective inputs waiting for their peers (0.13 MiB)
 RESULT_BYTES = 64 << 20   # results the ranks return (1.0 MiB)
 RESULT_NODES = 20_000     # values in results: tensors, lists, numbers (RESULT_NODES_USED)
@@ -299,7 +300,16 @@ class Courier:
             self.fail("mismatch", f"Mismatched {first.op.op} on ranks {list(group)}: {err}.")
             return
         for c, out in zip(calls, outs):
+            self.keep(c)
             self.done(c, out)
+
+    def keep(self, p: Pending) -> None:
+        """Keep a collective's inputs (`Op.data`, all of them end to end) for the judges that
+        compare what each rank contributed, within the launch's KEEP_BYTES."""
+        raw = b"".join(tensor_bytes(t) for t in p.inputs)
+        if raw and self.kept + len(raw) <= KEEP_BYTES:
+            p.op.data = raw
+            self.kept += len(raw)
 
     # -- deadlocks --------------------------------------------------------------------------
     def stuck(self) -> bool:

@@ -20,6 +20,8 @@ import torch
 
 from _lab_harness import DTYPES  # the lab's harness.py (loaded under this name)
 from autograder.feedback import close
+from autograder.sandbox.channel import FrameError, make_tensor
+from autograder.sandbox.courier import KEEP_BYTES
 from autograder.lab import CaseResult, Check, LabInfo, Verdict
 
 
@@ -36,6 +38,7 @@ def _sibling(name: str):
 _expected = _sibling("expected")
 expected, diagnose, describe, like = (_expected.expected, _expected.diagnose,
                                       _expected.describe, _expected.like)
+contributions = _expected.contributions
 
 LAB = LabInfo(
     slug="05_tensor_parallel_mlp",
@@ -123,7 +126,35 @@ def counts(r: CaseResult, piece: str, section: str = "layer", out_of=lambda o: o
                     return Verdict(False, f"rank {rank}'s {phase} all-reduce passed in "
                                           f"{rec.collective_bytes} bytes; the MLP's is one (.., h) "
                                           f"activation, {nbytes} bytes ({_label(r)})")
+            if want:
+                verdict = contents(r, rank, phase, rec.ops, piece.split(".")[-1])
+                if not verdict.passed:
+                    return verdict
     return Verdict(True)
+
+
+def contents(r: CaseResult, rank: int, phase: str, ops, piece: str) -> Verdict:
+    """The one all-reduce of `phase` carried this rank's own contribution (`contributions`,
+    from the grader's inputs), read from the courier's copy of its input: a decoy of the right
+    size (zeros, while the rank computes the whole layer from the dense weights) fails."""
+    op = next(o for o in ops if o.op == "all_reduce")
+    wants = contributions(r, rank)[phase]  # f: backward only, g: forward only
+    if op.data is None:
+        return Verdict(False, f"rank {rank}'s {phase} all-reduce could not be checked: the ranks "
+                              f"had passed more than the courier keeps per launch "
+                              f"({KEEP_BYTES >> 20} MiB) before it ({_label(r)})")
+    try:  # in its own dtype, so that `like` applies that dtype's tolerance; any shape
+        got = make_tensor(op.dtype, list(op.shape), op.data).reshape(-1)
+    except FrameError:
+        got = None
+    if any(like(got, w.reshape(-1)) for w, _ in wants):
+        return Verdict(True)
+    first, what = wants[0]
+    first = first.reshape(-1).to(got.dtype) if got is not None else first
+    return Verdict(False, f"{piece}: rank {rank}'s {phase} all-reduce does not carry {what}: "
+                          f"the all-reduce must sum the ranks' partial results (each rank "
+                          f"computes only with its own shard); {describe(got, first)} "
+                          f"({_label(r)})")
 
 
 SHARDS = ("weight", "bias")

@@ -28,11 +28,26 @@ def _cols(n: int, rank: int, p: int) -> slice:
     return slice(rank * n // p, (rank + 1) * n // p)
 
 
+SHARDED = ("up.weight", "up.bias", "down.weight")
+"""The MLP's tensors each rank receives only its shard of (zeros elsewhere: harness.make_inputs)."""
+
+
+def dense_inputs(r: CaseResult) -> dict:
+    """The case's dense tensors, in float64: an MLP's sharded ones summed over the ranks' inputs
+    (the grader's own draws, never a rank's output), the others as every rank received them."""
+    out = {k: v.double() for k, v in r.inputs[0].items()}
+    if r.case["kind"] == "mlp":
+        for k in SHARDED:
+            if k in out:
+                out[k] = sum(i[k].double() for i in r.inputs)
+    return out
+
+
 def _dense(r: CaseResult) -> dict:
     """Dense output and gradients in float64: keys as in the inputs, plus "y" and ".grad"s."""
-    leaves = {k: v.double().clone().requires_grad_() for k, v in r.inputs[0].items()
-              if k not in ("gy",)}
-    x, gy = leaves["x"], r.inputs[0]["gy"].double()
+    inputs = dense_inputs(r)
+    leaves = {k: v.clone().requires_grad_() for k, v in inputs.items() if k not in ("gy",)}
+    x, gy = leaves["x"], inputs["gy"]
     if r.case["kind"] == "mlp":
         hidden = F.linear(x, leaves["up.weight"], leaves.get("up.bias"))
         y = F.linear(F.gelu(hidden), leaves["down.weight"], leaves.get("down.bias"))
@@ -224,3 +239,37 @@ def describe(got, want: torch.Tensor) -> str:
     if got is None:
         return "None (no gradient reached it: compute with the shard's nn.Parameter)"
     return feedback.describe(got, want)
+
+
+def contributions(r: CaseResult, rank: int) -> dict[str, list[tuple[torch.Tensor, str]]]:
+    """What rank `rank` may pass to its one all-reduce in each phase ("forward", "backward"),
+    float64, each with what it is: its partial product (Megatron's g sums Σ_r Y_r) or its
+    partial input gradient (f sums Σ_r dL/dY_r·A_rᵀ), from the grader's own inputs. A
+    row-parallel partial product may carry b/p, or b on rank 0 (the bias then adds up to b
+    once)."""
+    kind, p = r.case["kind"], r.world_size
+    if kind == "fg":
+        return {"forward": [(r.inputs[rank]["x_g"].double(), "this rank's x (g's input)")],
+                "backward": [(r.inputs[rank]["gy_f"].double(), "this rank's gradient (f's "
+                                                                "input in backward)")]}
+    dense = _dense(r)
+    if kind == "column":
+        rows = _cols(dense["weight"].shape[0], rank, p)
+        return {"backward": [(dense["gy"][..., rows] @ dense["weight"][rows],
+                              "this rank's partial input gradient dL/dY_r·A_rᵀ")]}
+    b = dense.get("bias" if kind == "row" else "down.bias")
+    if kind == "row":
+        cols = _cols(dense["x"].shape[-1], rank, p)
+        part = dense["x"][..., cols] @ dense["weight"][:, cols].t()
+    else:
+        part, grad = _mlp_rank_part(dense, rank, p)
+    what = "this rank's partial product X_r·A_r" if kind == "row" else \
+        "this rank's partial product GELU(X·A_r + b₁_r)·B_r"
+    out = {"forward": [(part, what)]}
+    if b is not None:  # the bias added before the sum, once in all: b/p each, or b on rank 0
+        out["forward"] += [(part + b / p, what + " + b/p")] + \
+            ([(part + b, what + " + b")] if rank == 0 else [])
+    if kind == "mlp":
+        out["backward"] = [(grad, "this rank's partial input gradient (through its own hidden "
+                                  "units)")]
+    return out

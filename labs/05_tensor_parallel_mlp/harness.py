@@ -41,38 +41,61 @@ def _randn(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tenso
 
 
 def make_inputs(case: dict, world_size: int) -> list[dict]:
-    """Per rank, the tensors of one case (float64 draws, cast to the case's dtype).
+    """Per rank, the tensors of one case (float64 draws, cast to the case's dtype). Grader side
+    only: every stream's seed is a hash of the case's seed and the stream's name
+    (`autograder.seeds`), so the values one rank receives reveal no other rank's.
 
-    Layers and MLP: the dense weights (the same on every rank, drawn like PyTorch's default
+    Layers: the dense weight and bias (the same on every rank, drawn like PyTorch's default
     init scale 1/√fan_in), the input x and the upstream gradient gy (the loss is
-    Σ output · gy). "fg": x_f (the same on every rank) and gy_f (different per rank) for f;
-    x_g (different per rank) and gy_g (the same) for g."""
+    Σ output · gy). MLP: the dense MLP as rank r may see it: its own shard (rows r of up_proj's
+    weight and bias, columns r of down_proj's weight, each drawn from rank r's own stream) and
+    zeros in every other rank's, with down_proj's bias, x and gy whole; the dense MLP is the sum
+    over ranks (`expected.dense_inputs`). A rank thus cannot compute the dense MLP alone. "fg":
+    x_f (the same on every rank) and gy_f (different per rank) for f; x_g (different per rank)
+    and gy_g (the same) for g."""
+    from autograder.seeds import generator  # grader side: ranks never call make_inputs
+
     dtype = DTYPES[case.get("dtype", "float32")]
     seed, lead = int(case.get("seed", 0)), list(case.get("shape", [2, 4]))
     h, d = case.get("h", 8), case.get("d", 16)
-    shared = torch.Generator().manual_seed(seed * 7919)
+    shared = generator(seed, "shared")
     if case["kind"] == "fg":
         x_f, gy_g = _randn(shared, *lead, h), _randn(shared, *lead, h)
         out = []
         for r in range(world_size):
-            own = torch.Generator().manual_seed(seed * 7919 + 101 + r)
+            own = generator(seed, "rank", r)
             out.append({"x_f": x_f, "gy_f": _randn(own, *lead, h), "x_g": _randn(own, *lead, h),
                         "gy_g": gy_g})
         return [{k: v.to(dtype) for k, v in o.items()} for o in out]
-    w = {}
+    bias = case.get("bias", True)
     if case["kind"] == "mlp":
-        w["up.weight"] = _randn(shared, d, h, scale=h ** -0.5)
-        w["up.bias"] = _randn(shared, d, scale=0.5)
-        w["down.weight"] = _randn(shared, h, d, scale=d ** -0.5)
-        w["down.bias"] = _randn(shared, h, scale=0.5)
-        w["x"], w["gy"] = _randn(shared, *lead, h), _randn(shared, *lead, h)
-    else:  # one Linear(h, d)
-        w["weight"], w["bias"] = _randn(shared, d, h, scale=h ** -0.5), _randn(shared, d, scale=0.5)
-        w["x"], w["gy"] = _randn(shared, *lead, h), _randn(shared, *lead, d)
-    if not case.get("bias", True):
-        w = {k: v for k, v in w.items() if not k.endswith("bias")}
+        whole = {"down.bias": _randn(shared, h, scale=0.5), "x": _randn(shared, *lead, h),
+                 "gy": _randn(shared, *lead, h)}
+        if not bias:
+            del whole["down.bias"]
+        return [{k: v.to(dtype) for k, v in {**whole, **_mlp_shard(seed, h, d, world_size, r,
+                                                                    bias)}.items()}
+                for r in range(world_size)]
+    w = {"weight": _randn(shared, d, h, scale=h ** -0.5), "bias": _randn(shared, d, scale=0.5),
+         "x": _randn(shared, *lead, h), "gy": _randn(shared, *lead, d)}  # one Linear(h, d)
+    if not bias:
+        del w["bias"]
     one = {k: v.to(dtype) for k, v in w.items()}
     return [one] * world_size
+
+
+def _mlp_shard(seed: int, h: int, d: int, world_size: int, rank: int, bias: bool) -> dict:
+    """Rank `rank`'s view of the MLP's sharded tensors: its shard drawn from its own stream,
+    zeros in the other ranks' (see make_inputs)."""
+    from autograder.seeds import generator
+
+    own, mine, n = generator(seed, "shard", rank), _split(d, rank, world_size), d // world_size
+    up_w, up_b = _randn(own, n, h, scale=h ** -0.5), _randn(own, n, scale=0.5)
+    down_w = _randn(own, h, n, scale=d ** -0.5)
+    w = {"up.weight": up_w.new_zeros(d, h), "up.bias": up_b.new_zeros(d),
+         "down.weight": down_w.new_zeros(h, d)}
+    w["up.weight"][mine], w["up.bias"][mine], w["down.weight"][:, mine] = up_w, up_b, down_w
+    return w if bias else {k: v for k, v in w.items() if not k.endswith("bias")}
 
 
 def _mine(call) -> dict:

@@ -19,6 +19,8 @@ import torch
 
 from autograder.feedback import describe
 from autograder.lab import CaseResult, Check, LabInfo, Verdict
+from autograder.sandbox.channel import make_tensor
+from autograder.sandbox.courier import KEEP_BYTES
 from autograder.sandbox.rank import load_module
 
 # This folder's expected.py, loaded by path as the grader loads every lab file.
@@ -168,6 +170,39 @@ def judge_moe(r: CaseResult) -> Verdict:
                 return _fail(r, f"rank {rank} sent {rec.bytes_sent} bytes in {phase}, expected "
                                 f"{w}:{counts} {rows} bytes of rows for other ranks (float64, "
                                 f"this rank's own piece copied, not sent)")
+    return judge_rows(r, ref)
+
+
+WHAT_ROWS = {"forward": "its tokens' rows for that rank's experts (dispatch) and its experts' "
+                        "outputs for that rank's tokens (combine)",
+             "backward": "the gradients of that rank's experts' outputs, gate·dy (combine's "
+                         "backward), and of the rows that rank sent it (dispatch's backward)"}
+
+
+def judge_rows(r: CaseResult, ref: dict) -> Verdict:
+    """Every float64 message's rows, as the courier kept them, per (phase, sender, receiver):
+    the multiset `expected.rows_between` gives. Rows of the right size that carry something
+    else (zeros, while the rank computes the result some other way) fail."""
+    want, d = ex.rows_between(r, ref), r.case["d"]
+    for rank in range(r.world_size):
+        for phase in ("forward", "backward"):
+            got: dict[int, list[torch.Tensor]] = {}
+            for op in r.traffic[rank].section(phase).sends:
+                if op.data is None:
+                    return _fail(r, f"rank {rank}'s message to rank {op.peer} in {phase} could "
+                                    f"not be checked: the ranks had sent more than the courier "
+                                    f"keeps per launch ({KEEP_BYTES >> 20} MiB) before it")
+                if op.dtype == "float64":
+                    got.setdefault(op.peer, []).append(
+                        make_tensor(op.dtype, list(op.shape), op.data).reshape(-1, d))
+            for peer in (j for j in range(r.world_size) if j != rank):
+                rows = torch.cat(got.get(peer, []) or [torch.zeros(0, d, dtype=torch.float64)])
+                if not ex.same_rows(rows, want[(phase, rank, peer)]):
+                    return _fail(r, f"rank {rank}'s float64 messages to rank {peer} in {phase} "
+                                    f"do not carry {WHAT_ROWS[phase]} ({len(rows)} rows sent, "
+                                    f"{len(want[(phase, rank, peer)])} expected, compared in "
+                                    f"any order): every row must travel, computed where its "
+                                    f"expert lives")
     return Verdict(True)
 
 

@@ -11,6 +11,7 @@ gradients the ranks must equal within `RTOL` / `ATOL`.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from autograder.lab import CaseResult
 from toolkit.cost.experts import expert_capacity, rows_per_expert, step_bytes
@@ -50,14 +51,15 @@ def kept_in_order(expert: torch.Tensor, num_experts: int, capacity: int, *,
 
 
 def layer(r: CaseResult) -> MoELayer:
-    """The single-process layer with the case's weights (float64)."""
+    """The single-process layer with the case's weights (float64): the experts are the ranks'
+    inputs end to end (the grader's own draws)."""
     c, i = r.case, r.inputs[0]
     moe = MoELayer(c["d"], c["f"], c["experts"], top_k=c["top_k"],
                    capacity_factor=c["capacity_factor"], dtype=torch.float64)
     with torch.no_grad():
         moe.router.weight.copy_(i["router"])
-        for n in ("w1", "b1", "w2", "b2"):
-            getattr(moe.experts, n).copy_(i[n])
+        for n in ("w1", "b1", "w2", "b2"):  # each rank was given its own experts' only
+            getattr(moe.experts, n).copy_(torch.cat([j[n] for j in r.inputs]))
     return moe
 
 
@@ -77,6 +79,51 @@ def reference(r: CaseResult) -> dict:
             "routings": routings}
 
 
+def rows_between(r: CaseResult, ref: dict) -> dict[tuple[str, int, int], torch.Tensor]:
+    """The float64 rows rank `src` must send rank `dst` (src ≠ dst) in each phase, (n, d), in
+    no particular order: forward, the x rows of src's kept choices for dst's experts (dispatch)
+    and the outputs of src's experts for dst's kept choices (combine); backward, the gradient
+    of each expert output src's tokens got, gate·g (combine's backward), and the gradient of
+    the x rows dst sent src (dispatch's backward). From the grader's inputs alone."""
+    c, p = r.case, r.world_size
+    local = c["experts"] // p
+    experts = layer(r).experts
+    w = {n: getattr(experts, n).detach() for n in ("w1", "b1", "w2", "b2")}
+    out = {(ph, s, t): [] for ph in ("forward", "backward") for s in range(p) for t in range(p)
+           if s != t}
+    for src, (i, routing) in enumerate(zip(r.inputs, ref["routings"])):
+        token, choice = routing.kept.nonzero(as_tuple=True)
+        for t, j in zip(token.tolist(), choice.tolist()):
+            e = int(routing.expert[t, j])
+            dst = e // local
+            if dst == src:  # this rank's own expert: copied, not sent
+                continue
+            x = i["x"][t].double().clone().requires_grad_()
+            y = F.gelu(x @ w["w1"][e] + w["b1"][e]) @ w["w2"][e] + w["b2"][e]
+            dy = routing.gate[t, j].detach().double() * i["g"][t].double()
+            y.backward(dy)
+            out[("forward", src, dst)].append(x.detach())
+            out[("forward", dst, src)].append(y.detach())
+            out[("backward", src, dst)].append(dy)
+            out[("backward", dst, src)].append(x.grad)
+    d = c["d"]
+    return {k: torch.stack(v) if v else torch.zeros(0, d, dtype=torch.float64)
+            for k, v in out.items()}
+
+
+def same_rows(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """`got` holds `want`'s rows in some order, each within RTOL / ATOL (a multiset match)."""
+    if got.shape != want.shape:
+        return False
+    free = torch.ones(len(want), dtype=torch.bool)
+    for row in got:
+        ok = free & ((row - want).abs() <= ATOL + RTOL * want.abs()).all(dim=1)
+        if not ok.any():
+            return False
+        free[int(ok.nonzero()[0])] = False
+    return True
+
+
 def wire_bytes(r: CaseResult, routings: list) -> list[dict[str, int]]:
     """Per rank, `step_bytes` for the rows each rank keeps (ragged: kept choices only)."""
     loads = [rt.load().tolist() for rt in routings]
@@ -90,4 +137,4 @@ def close(got, want) -> bool:
 
 
 __all__ = ["ATOL", "RTOL", "capacities", "close", "kept", "kept_in_order", "layer",
-           "reference", "wire_bytes"]
+           "reference", "rows_between", "same_rows", "wire_bytes"]

@@ -35,9 +35,16 @@ def _rand(gen: torch.Generator, shape, bound: float) -> torch.Tensor:
 
 
 def make_inputs(case: dict, world_size: int) -> list[dict]:
-    """Per rank, the draws of one case (the grader's expected values use the same)."""
+    """Per rank, the draws of one case (the grader's expected values use the same). Grader side
+    only: each stream's seed is a hash of the case's seed and the stream's name
+    (`autograder.seeds`): the router and the "keep" draws are shared, each expert's weights
+    come from the expert's own stream and each rank's tokens from its own. A "moe" rank gets
+    only its own experts' weights (w1, b1, w2, b2 of experts r·E/p … (r+1)·E/p, indexed
+    locally), so it cannot run another rank's experts: the tokens must travel."""
+    from autograder.seeds import generator  # grader side: ranks never call make_inputs
+
     seed, kind = int(case.get("seed", 0)), case["kind"]
-    shared = torch.Generator().manual_seed(seed * 7919 + 1)
+    shared = generator(seed, "shared")
     if kind == "capacity":
         return [{}] * world_size
     layout = case.get("layout")
@@ -53,12 +60,18 @@ def make_inputs(case: dict, world_size: int) -> list[dict]:
                               for _ in range(case["tokens"])])
         return [{"expert": expert}] * world_size
     d, f, e = case["d"], case["f"], case["experts"]
-    weights = {"router": _rand(shared, (e, d), d ** -0.5),  # nn.Linear's bound 1/√fan_in
-               "w1": _rand(shared, (e, d, f), d ** -0.5), "b1": _rand(shared, (e, f), d ** -0.5),
-               "w2": _rand(shared, (e, f, d), f ** -0.5), "b2": _rand(shared, (e, d), f ** -0.5)}
-    own = [torch.Generator().manual_seed(seed * 7919 + 101 + r) for r in range(world_size)]
-    inputs = [{**weights, "x": _rand(g, (t, d), 1.0), "g": _rand(g, (t, d), 1.0)}
-              for g, t in zip(own, case["tokens"])]
+    router = _rand(shared, (e, d), d ** -0.5)  # nn.Linear's bound 1/√fan_in
+    experts = []
+    for j in range(e):
+        g = generator(seed, "expert", j)
+        experts.append({"w1": _rand(g, (d, f), d ** -0.5), "b1": _rand(g, (f,), d ** -0.5),
+                        "w2": _rand(g, (f, d), f ** -0.5), "b2": _rand(g, (d,), f ** -0.5)})
+    local = e // world_size
+    own = [generator(seed, "rank", r) for r in range(world_size)]
+    inputs = [{"router": router, "x": _rand(g, (t, d), 1.0), "g": _rand(g, (t, d), 1.0),
+               **{n: torch.stack([w[n] for w in experts[r * local:(r + 1) * local]])
+                  for n in ("w1", "b1", "w2", "b2")}}
+              for r, (g, t) in enumerate(zip(own, case["tokens"]))]
     if layout == "uneven":  # the planned routing's router and tokens replace the drawn ones
         router, xs, _ = _layouts().uneven(case, world_size, shared, own)
         inputs = [{**i, "router": router, "x": x} for i, x in zip(inputs, xs)]
@@ -88,12 +101,13 @@ def _keep(student, call):
     return {"kept": kept.detach().cpu().clone() if isinstance(kept, torch.Tensor) else None}
 
 
-def _experts(rows, counts, w, first):
-    """This rank's experts on their rows, `counts[i]` for local expert i (GELU MLPs)."""
+def _experts(rows, counts, w):
+    """This rank's experts on their rows, `counts[i]` for local expert i (GELU MLPs; the
+    rank's inputs hold its own experts only, indexed locally)."""
     out, start = [], 0
     for i, n in enumerate(counts):
-        e, h = first + i, rows[start:start + n]
-        out.append(F.gelu(h @ w["w1"][e] + w["b1"][e]) @ w["w2"][e] + w["b2"][e])
+        h = rows[start:start + n]
+        out.append(F.gelu(h @ w["w1"][i] + w["b1"][i]) @ w["w2"][i] + w["b2"][i])
         start += n
     return torch.cat(out)
 
@@ -101,8 +115,7 @@ def _experts(rows, counts, w, first):
 def _moe(student, call):
     c, dev = call.case, call.device
     i = {k: v.to(dev) for k, v in call.inputs.items()}
-    e, k, p = c["experts"], c["top_k"], call.world_size
-    local = e // p
+    e, k = c["experts"], c["top_k"]
     w = {n: i[n].clone().requires_grad_() for n in ("router", "w1", "b1", "w2", "b2")}
     x = i["x"].clone().requires_grad_()
     probs = torch.softmax(x @ w["router"].T, dim=-1)
@@ -112,16 +125,15 @@ def _moe(student, call):
     kept = student.keep(expert, e, capacity)
     with call.section("forward"):
         sent = student.dispatch(x, expert, kept, num_experts=e, group=dist.group.WORLD)
-        out = _experts(sent.rows, sent.counts, w, call.rank * local)
+        out = _experts(sent.rows, sent.counts, w)
         y = student.combine(out, gate, sent)
     with call.section("backward"):
         y.backward(i["g"])
-    mine = slice(call.rank * local, (call.rank + 1) * local)
     grads = {n: (w[n].grad if w[n].grad is not None else torch.zeros_like(w[n]))
              for n in w}
     return {"y": y.detach().clone(), "x_grad": x.grad.clone() if x.grad is not None else None,
             "router_grad": grads["router"].clone(),
-            "expert_grads": {n: grads[n][mine].clone() for n in ("w1", "b1", "w2", "b2")},
+            "expert_grads": {n: grads[n].clone() for n in ("w1", "b1", "w2", "b2")},
             "kept": kept.detach().clone(), "counts": list(sent.counts)}
 
 

@@ -1,0 +1,71 @@
+"""Per-rank inputs of labs 05 and 07 come from independent hashed streams (`autograder.seeds`;
+issue 19, pass 3): one rank's inputs reveal no other rank's, and a rank of lab 05's MLP or of
+lab 07's layer holds only its own shard or experts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autograder.lab import find_lab, load_lab
+from autograder.seeds import generator, stream_seed
+
+SEED = (1 << 39) + 12345  # a 40-bit case seed, as grade.case_seed draws them
+
+
+def test_streams_are_independent_of_each_other_and_use_every_bit_of_the_seed():
+    seeds = {stream_seed(SEED, "rank", r) for r in range(4)} | {stream_seed(SEED, "shared")}
+    assert len(seeds) == 5 and all(0 <= s < 1 << 64 for s in seeds)
+    # No fixed offset between ranks (the old seed·7919 + 101 + r).
+    assert len({stream_seed(SEED, "rank", r + 1) - stream_seed(SEED, "rank", r)
+                for r in range(3)}) == 3
+    # torch keeps 32 bits of a seed; the case seed's higher bits still change every stream.
+    low = SEED & 0xFFFFFFFF
+    a, b = torch.randn(4, generator=generator(SEED, "rank", 0)), \
+        torch.randn(4, generator=generator(low, "rank", 0))
+    assert not torch.equal(a, b)
+    assert torch.equal(a, torch.randn(4, generator=generator(SEED, "rank", 0)))
+
+
+def test_a_bad_seed_is_named():
+    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+        stream_seed(-1, "rank", 0)
+
+
+def test_lab05_mlp_ranks_hold_only_their_shard():
+    lab = load_lab(find_lab("05_tensor_parallel_mlp"), hidden=False)
+    case = {"world_size": 4, "kind": "mlp", "shape": [2, 3], "h": 8, "d": 16,
+            "dtype": "float64", "bias": True, "seed": SEED}
+    inputs = lab.harness.make_inputs(case, 4)
+    for r, i in enumerate(inputs):
+        mine = slice(4 * r, 4 * r + 4)
+        others = torch.ones(16, dtype=torch.bool)
+        others[mine] = False
+        assert i["up.weight"][mine].abs().min() > 0 and not i["up.weight"][others].any()
+        assert i["up.bias"][mine].abs().min() > 0 and not i["up.bias"][others].any()
+        assert i["down.weight"][:, mine].abs().min() > 0 and not i["down.weight"][:, others].any()
+        for key in ("x", "gy", "down.bias"):  # whole, the same on every rank
+            assert torch.equal(i[key], inputs[0][key])
+    # Rank 1's shard is its own stream's draw, not rank 0's stream one step on.
+    own = torch.randn(4, 8, generator=generator(SEED, "shard", 1), dtype=torch.float64)
+    assert torch.allclose(inputs[1]["up.weight"][4:8], own * 8 ** -0.5)
+    near = torch.Generator().manual_seed(stream_seed(SEED, "shard", 0) + 1)
+    assert not torch.allclose(inputs[1]["up.weight"][4:8],
+                              torch.randn(4, 8, generator=near, dtype=torch.float64) * 8 ** -0.5)
+
+
+def test_lab07_ranks_hold_only_their_experts():
+    lab = load_lab(find_lab("07_expert_parallel"), hidden=False)
+    case = {"world_size": 2, "kind": "moe", "seed": SEED, "experts": 6, "tokens": [5, 3],
+            "d": 4, "f": 6, "top_k": 2, "capacity_factor": 1.0}
+    inputs = lab.harness.make_inputs(case, 2)
+    shapes = {"w1": (3, 4, 6), "b1": (3, 6), "w2": (3, 6, 4), "b2": (3, 4)}
+    for n, shape in shapes.items():
+        assert all(tuple(i[n].shape) == shape for i in inputs)
+        assert not torch.allclose(inputs[0][n], inputs[1][n])
+    assert torch.equal(inputs[0]["router"], inputs[1]["router"])
+    assert [len(i["x"]) for i in inputs] == [5, 3]
+    # Expert 4 (rank 1's second) is drawn from its own stream.
+    w1 = (2 * torch.rand(4, 6, generator=generator(SEED, "expert", 4), dtype=torch.float64)
+          - 1) * 4 ** -0.5
+    assert torch.equal(inputs[1]["w1"][1], w1)
