@@ -1,4 +1,4 @@
-"""Per-rank inputs of labs 05 and 07 come from independent hashed streams (`autograder.seeds`;
+"""Per-rank inputs of labs 05, 06 and 07 come from independent hashed streams (`autograder.seeds`;
 issue 19, pass 3): one rank's inputs reveal no other rank's, and a rank of lab 05's MLP or of
 lab 07's layer holds only its own shard or experts."""
 
@@ -69,3 +69,23 @@ def test_lab07_ranks_hold_only_their_experts():
     w1 = (2 * torch.rand(4, 6, generator=generator(SEED, "expert", 4), dtype=torch.float64)
           - 1) * 4 ** -0.5
     assert torch.equal(inputs[1]["w1"][1], w1)
+
+
+def test_lab06_ranks_draw_from_their_own_streams():
+    lab = load_lab(find_lab("06_mixed_precision"), hidden=False)
+    case = {"world_size": 3, "kind": "reduce", "seed": SEED, "shapes": [[3, 4], [5]]}
+    inputs = lab.harness.make_inputs(case, 3)
+    for r, i in enumerate(inputs):  # rank r's gradients: its own stream's draws, in order
+        g = generator(SEED, "rank", r)
+        assert all(torch.equal(got, torch.randn(s, generator=g, dtype=torch.float64))
+                   for got, s in zip(i["g"], ((3, 4), (5,))))
+    # No fixed offset between ranks: rank 1's stream is not rank 0's seed plus one.
+    near = torch.Generator().manual_seed(stream_seed(SEED, "rank", 0) + 1)
+    assert not torch.equal(inputs[1]["g"][0], torch.randn(3, 4, generator=near,
+                                                          dtype=torch.float64))
+    train = {"world_size": 2, "kind": "train", "seed": SEED, "d_in": 3, "d_out": 2, "batch": 4,
+             "steps": 2}
+    t = lab.harness.make_inputs(train, 2)
+    w0 = torch.randn(2, 3, generator=generator(SEED, "shared"), dtype=torch.float64) * 0.5
+    assert torch.equal(t[0]["w0"], w0) and torch.equal(t[1]["w0"], w0)
+    assert not torch.equal(t[0]["x"], t[1]["x"])

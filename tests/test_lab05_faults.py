@@ -9,6 +9,11 @@ definition wins), graded on the first case of the visible checks it aims at (rea
 * column_zero_decoy: a column-parallel layer, which is handed the whole dense Linear, computes
   the whole input gradient itself and all-reduces zeros. Values, counts and bytes are right:
   only the contents check catches it, and the other checks pass.
+* from_dense_all_reduce: the MLP's from_dense all-reduces the ranks' views of the dense weights
+  (rebuilding the dense MLP on every rank) before forward's section opens; forged_sections
+  closes forward's section around an extra all-reduce. Values, contents and the per-section
+  counts are right: the count over the whole case (the courier's bounds, not the rank's marks)
+  fails the MLP's traffic check alone.
 The reference's full marks, the release and the stubs are tested with every lab in
 test_autograder.py.
 """
@@ -34,6 +39,14 @@ CASES = {
         FG: None, MLP: None, MLP_TRAFFIC: None,
         COLUMN: [r"column: rank 0's backward all-reduce does not carry this rank's partial "
                  r"input gradient", r"each rank computes only with its own shard"]},
+    "from_dense_all_reduce": {
+        FG: None, COLUMN: None, MLP: None,
+        MLP_TRAFFIC: [r"rank 0 made 3 all-reduce\(s\) in the case", r"expected 2; 1 of them "
+                      r"outside forward and backward"]},
+    "forged_sections": {
+        FG: None, COLUMN: None, MLP: None,
+        MLP_TRAFFIC: [r"rank 0 made 3 all-reduce\(s\) in the case", r"expected 2; 1 of them "
+                      r"outside forward and backward"]},
 }
 
 

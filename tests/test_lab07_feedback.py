@@ -5,7 +5,8 @@ the layer), it scores zero there with a message that names the mistake, whatever
 secret: the wrong drop order and the unswapped backward are caught on laid-out cases
 (labs/07_expert_parallel/layouts.py; tests/test_lab07_cases.py checks the layouts over 200
 seeds). One file is a cheat, not a mistake: local_experts (red-team pass 3) runs every expert
-on every rank, which a rank holding only its own experts' weights cannot do. The reference's
+on every rank, which a rank holding only its own experts' weights cannot do; keep_sends makes
+sends in keep(), before the forward section opens, counted over the whole case. The reference's
 full marks, the release and the stubs are tested with every lab in
 test_autograder.py."""
 
@@ -35,6 +36,10 @@ CASES = {
     "local_experts": ("dispatch/combine: outputs", "exception",
                       [r"Rank \d raised IndexError: index \d+ is out of bounds",
                        r"in combine"]),
+    # Sends outside forward and backward (in keep): the bytes are judged over the whole case.
+    "keep_sends": ("dispatch/combine: outputs", "wrong_result",
+                   [r"rank 0 sent \d+ message\(s\) of \d+ bytes in the case, expected",
+                    r"8 bytes outside dispatch and combine"]),
 }
 
 

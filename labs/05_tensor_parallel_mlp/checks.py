@@ -2,10 +2,12 @@
 
 Values: every rank's shard, output and gradients against `expected` (the dense layers in
 float64, sliced as Megatron-LM splits them; `expected.py`), the first wrong one explained by
-`diagnose`. Communication: all-reduces counted per phase from the grader's courier (the harness
-makes forward and backward sections of their own), f = (0 forward, 1 backward), g = (1, 0),
-column = (0, 1), row = (1, 0), MLP = (1, 1) (Shoeybi et al., 2019, section 3), and in the MLP
-each one of one (.., h) activation.
+`diagnose`. Communication: all-reduces counted from the grader's courier over the whole case
+(from_dense included), f = (0 forward, 1 backward), g = (1, 0), column = (0, 1), row = (1, 0),
+MLP = (1, 1) (Shoeybi et al., 2019, section 3), each carrying this rank's partial result, and in
+the MLP each one of one (.., h) activation. The harness's forward and backward sections are
+marked by the rank, so they only name the phase in a message (red team 3: forged marks once
+moved an all-reduce out of both).
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ def _label(r: CaseResult) -> str:
 WHAT = {"y": "the output", "x_grad": "the input's gradient"}
 
 
+def _same(o):
+    return o
+
+
 def compare(r: CaseResult, keys: tuple[str, ...], out_of=lambda o: o) -> Verdict:
     """Every rank's `keys` (those the case has) against `expected`; the first wrong one named."""
     for rank in range(r.world_size):
@@ -92,64 +98,124 @@ def compare(r: CaseResult, keys: tuple[str, ...], out_of=lambda o: o) -> Verdict
     return Verdict(True)
 
 
-def counts(r: CaseResult, piece: str, section: str = "layer", out_of=lambda o: o, *,
-           check_bytes: bool = False) -> Verdict:
-    """One all-reduce (and no other collective) where `PHASES` says, on every rank, counted by
-    the courier in the harness's sections ``section.fwd`` and ``section.bwd``."""
-    fwd_want, bwd_want = PHASES[piece]
-    hint = {("forward", True): "one too many: f is the identity in forward, and a "
-                               "column-parallel output needs no all-reduce (its slices are "
-                               "different features, not partial sums)",
-            ("forward", False): "g must all-reduce the row-parallel partial products in forward",
-            ("backward", True): "one too many: g is the identity in backward",
-            ("backward", False): "f must all-reduce the input's gradient in backward"}
+HINT = {("forward", True): "one too many: f is the identity in forward, and a column-parallel "
+                           "output needs no all-reduce (its slices are different features, not "
+                           "partial sums)",
+        ("forward", False): "g must all-reduce the row-parallel partial products in forward",
+        ("backward", True): "one too many: g is the identity in backward",
+        ("backward", False): "f must all-reduce the input's gradient in backward"}
+
+
+def counts(r: CaseResult, parts, *, check_bytes: bool = False) -> Verdict:
+    """The all-reduces `PHASES` gives for every (piece, section, out_of) of `parts`, and no
+    other collective, on every rank, judged over the WHOLE case (`r.traffic[rank]`, bounded by
+    the courier, which hands out the case and takes its output): one made in from_dense, or
+    moved out of the harness's sections by forged marks, is counted. Each must carry one of this
+    rank's contributions (`contents`), in any order. The sections ``section.fwd`` /
+    ``section.bwd`` (marked by the rank) only say which phase a wrong count was in."""
+    slots = [(piece, phase, f"{section}.{'fwd' if phase == 'forward' else 'bwd'}")
+             for piece, section, _ in parts
+             for phase, n in zip(("forward", "backward"), PHASES[piece]) for _ in range(n)]
     for rank in range(r.world_size):
-        o = out_of(r.outputs[rank])
-        for phase, want in (("forward", fwd_want), ("backward", bwd_want)):
-            if not (isinstance(o, dict) and o.get(phase) is True):
-                why = ("its shards do not have the shapes README.md gives, so forward was not "
-                       "run (the from_dense check says more)" if isinstance(o, dict)
-                       and "y" not in o else "no gradient flowed back through it")
-                return Verdict(False, f"rank {rank} did not get through {phase}: {why} "
-                                      f"({_label(r)})")
-            rec = r.traffic[rank].section(f"{section}.{'fwd' if phase == 'forward' else 'bwd'}")
-            calls = rec.calls
-            got = calls.get("all_reduce", 0)
-            if got != want or set(calls) - {"all_reduce"}:
-                return Verdict(False, f"{piece.split('.')[-1]}: rank {rank} made {got} "
-                                      f"all-reduce(s) in {phase}, expected {want}: "
-                                      f"{hint[(phase, got > want)]} ({_label(r)})")
-            if check_bytes and want:
-                item = torch.empty(0, dtype=DTYPES[r.case["dtype"]]).element_size()
-                nbytes = math.prod(r.case["shape"]) * r.case["h"] * item
-                if rec.collective_bytes != nbytes:
-                    return Verdict(False, f"rank {rank}'s {phase} all-reduce passed in "
-                                          f"{rec.collective_bytes} bytes; the MLP's is one (.., h) "
-                                          f"activation, {nbytes} bytes ({_label(r)})")
-            if want:
-                verdict = contents(r, rank, phase, rec.ops, piece.split(".")[-1])
-                if not verdict.passed:
-                    return verdict
+        for _, _, out_of in parts:
+            o = out_of(r.outputs[rank])
+            for phase in ("forward", "backward"):
+                if not (isinstance(o, dict) and o.get(phase) is True):
+                    why = ("its shards do not have the shapes README.md gives, so forward was "
+                           "not run (the from_dense check says more)" if isinstance(o, dict)
+                           and "y" not in o else "no gradient flowed back through it")
+                    return Verdict(False, f"rank {rank} did not get through {phase}: {why} "
+                                          f"({_label(r)})")
+        verdict = _count(r, rank, parts, len(slots))
+        if verdict.passed and check_bytes:
+            verdict = _sizes(r, rank)
+        if verdict.passed:
+            verdict = _matched(r, rank, slots)
+        if not verdict.passed:
+            return verdict
     return Verdict(True)
 
 
-def contents(r: CaseResult, rank: int, phase: str, ops, piece: str) -> Verdict:
-    """The one all-reduce of `phase` carried this rank's own contribution (`contributions`,
-    from the grader's inputs), read from the courier's copy of its input: a decoy of the right
-    size (zeros, while the rank computes the whole layer from the dense weights) fails."""
-    op = next(o for o in ops if o.op == "all_reduce")
-    wants = contributions(r, rank)[phase]  # f: backward only, g: forward only
+def _count(r: CaseResult, rank: int, parts, want: int) -> Verdict:
+    """As many all-reduces in the whole case as `parts` expect, and no other collective; the
+    message names the phase whose section is off, or says the extra ones lie outside both."""
+    traffic = r.traffic[rank]
+    got = traffic.calls.get("all_reduce", 0)
+    if got == want and not set(traffic.calls) - {"all_reduce"}:
+        return Verdict(True)
+    inside = 0
+    for piece, section, _ in parts:
+        for phase, n in zip(("forward", "backward"), PHASES[piece]):
+            rec = traffic.section(f"{section}.{'fwd' if phase == 'forward' else 'bwd'}")
+            k = rec.calls.get("all_reduce", 0)
+            inside += k
+            if k != n or set(rec.calls) - {"all_reduce"}:
+                return Verdict(False, f"{piece.split('.')[-1]}: rank {rank} made {k} "
+                                      f"all-reduce(s) in {phase}, expected {n}: "
+                                      f"{HINT[(phase, k > n)]} ({_label(r)})")
+    return Verdict(False, f"rank {rank} made {got} all-reduce(s) in the case "
+                          f"({dict(traffic.calls)}), expected {want}; {got - inside} of them "
+                          f"outside forward and backward (from_dense, for one, must not "
+                          f"communicate): every collective of the case counts ({_label(r)})")
+
+
+def _sizes(r: CaseResult, rank: int) -> Verdict:
+    """The MLP's all-reduces each pass one (.., h) activation of the case's dtype."""
+    item = torch.empty(0, dtype=DTYPES[r.case["dtype"]]).element_size()
+    nbytes = math.prod(r.case["shape"]) * r.case["h"] * item
+    wrong = next((op for op in r.traffic[rank].ops if op.nbytes != nbytes), None)
+    if wrong is None:
+        return Verdict(True)
+    phase = next((ph for ph, s in (("forward", "layer.fwd"), ("backward", "layer.bwd"))
+                  if any(o is wrong for o in r.traffic[rank].section(s).ops)), None)
+    return Verdict(False, f"rank {rank}'s {phase or 'case'} all-reduce passed in {wrong.nbytes} "
+                          f"bytes; the MLP's is one (.., h) activation, {nbytes} bytes "
+                          f"({_label(r)})")
+
+
+def _matched(r: CaseResult, rank: int, slots) -> Verdict:
+    """Every expected all-reduce (`slots`: piece, phase, section) matched by a distinct one of
+    the case's, by contents; the one in the slot's own section is tried first (feedback)."""
+    traffic, free = r.traffic[rank], [op for op in r.traffic[rank].ops
+                                      if op.op == "all_reduce"]
+    wants = contributions(r, rank)
+    for piece, phase, section in slots:
+        own = [op for op in traffic.section(section).ops if any(op is f for f in free)]
+        order = own + [op for op in free if not any(op is o for o in own)]
+        hit = next((op for op in order if _carries(op, wants[phase])), None)
+        if hit is None:
+            return contents(r, rank, phase, order[0], piece.split(".")[-1])
+        free = [op for op in free if op is not hit]
+    return Verdict(True)
+
+
+def _tensor(op) -> torch.Tensor | None:
+    """The courier's copy of an all-reduce's input, flat, in its own dtype (so that `like`
+    applies that dtype's tolerance); None when not kept or not readable."""
+    if op.data is None:
+        return None
+    try:
+        return make_tensor(op.dtype, list(op.shape), op.data).reshape(-1)
+    except FrameError:
+        return None
+
+
+def _carries(op, wants) -> bool:
+    got = _tensor(op)
+    return got is not None and any(like(got, w.reshape(-1)) for w, _ in wants)
+
+
+def contents(r: CaseResult, rank: int, phase: str, op, piece: str) -> Verdict:
+    """Why all-reduce `op` does not carry this rank's own contribution to `phase`
+    (`contributions`, from the grader's inputs), read from the courier's copy of its input: a
+    decoy of the right size (zeros, while the rank computes the whole layer from the dense
+    weights) fails."""
     if op.data is None:
         return Verdict(False, f"rank {rank}'s {phase} all-reduce could not be checked: the ranks "
                               f"had passed more than the courier keeps per launch "
                               f"({KEEP_BYTES >> 20} MiB) before it ({_label(r)})")
-    try:  # in its own dtype, so that `like` applies that dtype's tolerance; any shape
-        got = make_tensor(op.dtype, list(op.shape), op.data).reshape(-1)
-    except FrameError:
-        got = None
-    if any(like(got, w.reshape(-1)) for w, _ in wants):
-        return Verdict(True)
-    first, what = wants[0]
+    got = _tensor(op)
+    first, what = contributions(r, rank)[phase][0]
     first = first.reshape(-1).to(got.dtype) if got is not None else first
     return Verdict(False, f"{piece}: rank {rank}'s {phase} all-reduce does not carry {what}: "
                           f"the all-reduce must sum the ranks' partial results (each rank "
@@ -185,12 +251,8 @@ def judge_fg(r: CaseResult) -> Verdict:
                        f"all-reduce backward, g is all-reduce forward / identity backward"
                        if swapped[(op, key)] else describe(value, w))
                 return Verdict(False, f"{name} {phase} on rank {rank}: {why} ({_label(r)})")
-    for op in ("f", "g"):
-        verdict = counts(r, f"fg.{op}", op,
-                         lambda o, op=op: o.get(op) if isinstance(o, dict) else None)
-        if not verdict.passed:
-            return verdict
-    return Verdict(True)
+    return counts(r, tuple((f"fg.{op}", op, lambda o, op=op: o.get(op) if isinstance(o, dict)
+                            else None) for op in ("f", "g")))
 
 
 def judge_shards(r: CaseResult) -> Verdict:
@@ -199,7 +261,7 @@ def judge_shards(r: CaseResult) -> Verdict:
 
 def judge_layer(r: CaseResult) -> Verdict:
     verdict = compare(r, SHARDS + VALUES)
-    return verdict if not verdict.passed else counts(r, r.case["kind"])
+    return verdict if not verdict.passed else counts(r, ((r.case["kind"], "layer", _same),))
 
 
 def judge_mlp(r: CaseResult) -> Verdict:
@@ -207,7 +269,7 @@ def judge_mlp(r: CaseResult) -> Verdict:
 
 
 def judge_mlp_traffic(r: CaseResult) -> Verdict:
-    return counts(r, "mlp", check_bytes=True)
+    return counts(r, (("mlp", "layer", _same),), check_bytes=True)
 
 
 def judge_mlp_memory(r: CaseResult) -> Verdict:
@@ -250,6 +312,6 @@ CHECKS = [
           "mlp", cases("mlp", (2, 4), seed=40), judge_mlp),
     Check("ParallelMLP: exactly one all-reduce in forward and one in backward", 5, "mlp",
           cases("mlp", (2, 4), seed=50), judge_mlp_traffic,
-          about="Counted per phase by the grader's recorder, with its bytes (one (.., h) "
-                "activation)."),
+          about="Counted over the whole case by the grader's recorder, with its bytes "
+                "(one (.., h) activation each)."),
 ]

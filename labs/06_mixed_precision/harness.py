@@ -31,10 +31,15 @@ def _randn(gen: torch.Generator, shape, scale: float = 1.0) -> torch.Tensor:
 
 
 def make_inputs(case: dict, world_size: int) -> list[dict]:
-    """Per rank, the float64 draws of one case (the grader's expected values use the same)."""
+    """Per rank, the float64 draws of one case (the grader's expected values use the same).
+    Grader side only: each stream's seed is a hash of the case's seed and the stream's name
+    (`autograder.seeds`), "shared" for what every rank gets, ("rank", r) for rank r's
+    gradients or batches, so the values one rank receives reveal no other rank's."""
+    from autograder.seeds import generator  # grader side: ranks never call make_inputs
+
     seed, kind = int(case.get("seed", 0)), case["kind"]
-    shared = torch.Generator().manual_seed(seed * 7919 + 1)
-    own = [torch.Generator().manual_seed(seed * 7919 + 101 + r) for r in range(world_size)]
+    shared = generator(seed, "shared")
+    own = [generator(seed, "rank", r) for r in range(world_size)]
     if kind == "masters":
         one = {"w": [_randn(shared, s) for s in case["shapes"]],
                "new": [_randn(shared, s) for s in case["shapes"]]}

@@ -8,7 +8,8 @@ runs router and experts) against the single-process `MoELayer` with one group pe
 outputs, x's gradient, every expert's gradient and the router's (summed over the ranks) within
 `expected.RTOL`/`ATOL` in float64; and the bytes each rank sent, as the courier recorded them,
 equal to `toolkit.cost.experts.step_bytes` (counts, then the rows for other ranks, forward and
-backward), with no collective and no empty message.
+backward), with no collective and no empty message, one message per non-empty piece; all
+of it over the whole case, not between the rank's section marks.
 """
 
 from __future__ import annotations
@@ -149,20 +150,27 @@ def _values(r: CaseResult, ref: dict) -> Verdict:
 
 
 def judge_moe(r: CaseResult) -> Verdict:
-    """Values and gradients against the single-process layer, then the courier's bytes."""
+    """Values and gradients against the single-process layer, then the courier's bytes and
+    messages over the WHOLE case (`r.traffic[rank]`, bounded by the courier, which hands out
+    the case and takes its output): sends made in expert_capacity or keep, which run before the
+    forward section, or moved out of the sections by forged marks, count. The sections (marked
+    by the rank) only name the phase in a message, and group the rows `judge_rows` compares."""
     ref = ex.reference(r)
     values = _values(r, ref)
     if not values.passed:
         return values
-    want = ex.wire_bytes(r, ref["routings"])
+    want, msgs = ex.wire_bytes(r, ref["routings"]), ex.messages(r, ref["routings"])
     for rank in range(r.world_size):
+        case = r.traffic[rank]
+        empty = [op for op in case.sends if op.nbytes == 0]
+        if empty:
+            return _fail(r, f"rank {rank} sent {len(empty)} empty message(s): leave empty "
+                            f"pieces out")
+        total = want[rank]["forward_wire"] + want[rank]["backward_wire"]
+        if case.bytes_sent == total and case.messages_sent == msgs[rank]:
+            continue
         for phase in ("forward", "backward"):
-            rec = r.traffic[rank].section(phase)
-            empty = [op for op in rec.sends if op.nbytes == 0]
-            if empty:
-                return _fail(r, f"rank {rank} sent {len(empty)} empty message(s) in {phase}: "
-                                f"leave empty pieces out")
-            w = want[rank][f"{phase}_wire"]
+            rec, w = case.section(phase), want[rank][f"{phase}_wire"]
             if rec.bytes_sent != w:
                 rows = (want[rank]["send_off"] + want[rank]["recv_off"]) * r.case["d"] * 8
                 counts = "" if phase == "backward" else \
@@ -170,6 +178,13 @@ def judge_moe(r: CaseResult) -> Verdict:
                 return _fail(r, f"rank {rank} sent {rec.bytes_sent} bytes in {phase}, expected "
                                 f"{w}:{counts} {rows} bytes of rows for other ranks (float64, "
                                 f"this rank's own piece copied, not sent)")
+        inside = case.section("forward").bytes_sent + case.section("backward").bytes_sent
+        return _fail(r, f"rank {rank} sent {case.messages_sent} message(s) of {case.bytes_sent} "
+                        f"bytes in the case, expected {msgs[rank]} of {total}"
+                        + (f"; {case.bytes_sent - inside} bytes outside dispatch and combine "
+                           f"(expert_capacity and keep, for ones, must not communicate)"
+                           if case.bytes_sent != inside else
+                           ": one message per non-empty piece (counts, then rows)"))
     return judge_rows(r, ref)
 
 

@@ -131,10 +131,27 @@ def wire_bytes(r: CaseResult, routings: list) -> list[dict[str, int]]:
     return step_bytes(rows, hidden=r.case["d"], elem_bytes=8)
 
 
+def messages(r: CaseResult, routings: list) -> list[int]:
+    """Per rank, the messages it sends in one case (README: one per non-empty piece): the E/p
+    counts to each other rank, then, forward and again backward (the same pieces back), one
+    piece of rows for each other rank that gets some of its tokens (dispatch) and one for each
+    other rank whose tokens its experts kept (combine)."""
+    loads = [rt.load().tolist() for rt in routings]
+    rows = rows_per_expert(loads, [rt.capacity for rt in routings])
+    p = r.world_size
+    local = r.case["experts"] // p
+
+    def to(src: int, dst: int) -> int:  # rows src dispatches to dst's experts
+        return sum(rows[src][dst * local:(dst + 1) * local])
+
+    return [(p - 1) + 2 * sum((to(me, j) > 0) + (to(j, me) > 0) for j in range(p) if j != me)
+            for me in range(p)]
+
+
 def close(got, want) -> bool:
     return isinstance(got, torch.Tensor) and got.shape == want.shape and \
         torch.allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
 __all__ = ["ATOL", "RTOL", "capacities", "close", "kept", "kept_in_order", "layer",
-           "reference", "rows_between", "same_rows", "wire_bytes"]
+           "messages", "reference", "rows_between", "same_rows", "wire_bytes"]
