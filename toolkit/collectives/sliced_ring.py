@@ -9,7 +9,10 @@ pipeline over slices:
 * a rank forwards slice k of step s as soon as *that slice* of step s−1 has arrived and been
   added, not when the whole chunk has, so the next rank starts on it while slice k+1 is still
   on the wire;
-* receives are posted ahead (`window` at a time), so slice k+1 arrives while slice k is added.
+* receives are posted ahead, before the sends, so slice k+1 arrives while slice k is added and
+  the left neighbour's send finds its receive waiting (gloo then writes it at once; otherwise
+  the send waits for a "ready" notice first). Every receive of the call is posted up front while
+  the reduce-scatter's scratch fits in `AHEAD_BYTES`, else `WINDOW` or more slices at a time.
 
 The traffic is the simple ring's exactly: every rank sends 2(p−1)/p · n bytes for an all-reduce,
 in 2(p−1)·S messages of about n/(p·S) instead of 2(p−1) of n/p (S slices per chunk, the same on
@@ -26,7 +29,6 @@ min, because every element is reduced in the same order.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist  # isend / irecv looked up at call time (recorded)
 
 from ..chunks import SLICE_BYTES, ring_slices
 from ._common import GroupView, ReduceOpLike, chunk_sizes, combine
@@ -92,13 +94,13 @@ def pipelined_ring(g: GroupView, chunks: list[torch.Tensor], op: str | None, *, 
     slots = min(depth, adding)                     # scratch slices (0: an all-gather alone)
     buf = _take_scratch(slots * biggest, ref) if slots else None
     scratch = [buf[i * biggest:(i + 1) * biggest] for i in range(slots)]
-    right, left = g.peer(r + 1), g.peer(r - 1)
 
     def target(v: int) -> torch.Tensor:
         piece = parts[steps[v // S][1]][v % S]
         return scratch[v % slots][: piece.numel()] if v < adding else piece
 
-    # Looked up at call time (not bound at import) so that toolkit.comm records every message.
+    # GroupView.isend / irecv: dist.isend / irecv as toolkit.comm records them, minus torch's
+    # Python checks (about 15 µs of CPU a message here; the view made them once).
     sends, recvs, next_send, next_recv = [], {}, 0, 0
     ahead = min(S, depth)  # sends posted ahead; ≤ S, so each forwards a unit already finished
 
@@ -106,13 +108,13 @@ def pipelined_ring(g: GroupView, chunks: list[torch.Tensor], op: str | None, *, 
         nonlocal next_send
         while next_send < units and next_send <= done + ahead:  # in unit order: FIFO matching
             piece = parts[steps[next_send // S][0]][next_send % S]
-            sends.append(dist.isend(piece, right, group=g.handle))
+            sends.append(g.isend(piece, r + 1))
             next_send += 1
 
     def post_recvs(done: int) -> None:
         nonlocal next_recv   # a scratch slot frees when the unit `slots` before is added
         while next_recv < units and (next_recv >= adding or next_recv <= done + slots):
-            recvs[next_recv] = dist.irecv(target(next_recv), left, group=g.handle)
+            recvs[next_recv] = g.irecv(target(next_recv), r - 1)
             next_recv += 1
 
     post_recvs(-1)   # receives first: a send that finds its receive posted goes straight out

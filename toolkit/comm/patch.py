@@ -145,12 +145,58 @@ class RecordedWork:
         return f"RecordedWork({self._op}, {self._work!r})"
 
 
+def _call_recorded(name: str, spec: _Spec, call: Callable[[], Any], payload: Any, group: Any,
+                   peer: int | None, is_async: bool) -> Any:
+    """Run `call` (one call of the torch function `name`) and record it: the one place events
+    are made, for the wrappers and for `post_p2p` alike. `peer` is a global rank or None."""
+    rec, tls = RECORDER, RECORDER.tls
+    board = rec.board
+    nbytes, dtype, shape = _describe(payload)
+    rank = rec.rank if rec.rank is not None else dist.get_rank()
+    seq = next(rec.seq)
+
+    if board is not None:
+        board.post(rank, seq, name, peer, nbytes, dtype)
+    start = time.time()
+    tls.depth += 1
+    try:
+        out = call()
+    finally:
+        tls.depth -= 1
+        if board is not None:
+            board.done(rank)
+    if name == "recv" and peer is None and isinstance(out, int):
+        peer = out  # received from any source: torch returns who sent it
+
+    kept: list[Event] = []
+    if rec.sinks:
+        offset, values = 0, None
+        if spec.peer in ("dst", "src") and name in ("send", "isend", "recv", "irecv"):
+            t = payload
+            if isinstance(t, torch.Tensor):
+                offset = t.storage_offset()
+                limit = rec.values_limit
+                if (limit and name in ("send", "isend") and t.numel() <= limit
+                        and not t.is_meta):
+                    # Host numbers, never a tensor: events must come back on the CPU. On
+                    # CUDA the copy runs on the current stream after the send was queued;
+                    # both only read the tensor, which the caller may not change before
+                    # wait() anyway.
+                    values = tuple(t.detach().reshape(-1).cpu().tolist())
+        kept = rec.add(Event(rank, seq, name, peer, nbytes, dtype, shape, start,
+                             None if is_async else time.time(), _group_ranks(group),
+                             is_async, offset, values))
+    if is_async and out is not None:
+        return RecordedWork(out, kept, rank, seq, name, peer, nbytes, dtype)
+    return out
+
+
 def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
     params = list(inspect.signature(orig).parameters.values())
     index = {p.name: i for i, p in enumerate(params)}
     default = {p.name: (None if p.default is inspect.Parameter.empty else p.default)
                for p in params}
-    rec, tls, counter = RECORDER, RECORDER.tls, RECORDER.seq  # looked up once: a hot path
+    rec, tls = RECORDER, RECORDER.tls  # looked up once: a hot path
 
     def arg(args: tuple, kwargs: dict, key: str | None) -> Any:
         if key is None or key not in index:
@@ -160,58 +206,52 @@ def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
 
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        board = rec.board
-        if tls.depth or (board is None and not rec.sinks):  # idle: the cheap path
+        if tls.depth or (rec.board is None and not rec.sinks):  # idle: the cheap path
             return orig(*args, **kwargs)
-
-        nbytes, dtype, shape = _describe(arg(args, kwargs, spec.payload))
         group = arg(args, kwargs, "group")
         peer = arg(args, kwargs, spec.peer)
         if peer is None:
             group_peer = arg(args, kwargs, spec.group_peer)
             if group_peer is not None:
                 peer = dist.get_global_rank(group, group_peer) if group is not None else group_peer
-        rank = rec.rank if rec.rank is not None else dist.get_rank()
-        seq = next(counter)
         is_async = spec.always_async or bool(arg(args, kwargs, "async_op"))
-
-        if board is not None:
-            board.post(rank, seq, name, peer, nbytes, dtype)
-        start = time.time()
-        tls.depth += 1
-        try:
-            out = orig(*args, **kwargs)
-        finally:
-            tls.depth -= 1
-            if board is not None:
-                board.done(rank)
-        if name == "recv" and peer is None and isinstance(out, int):
-            peer = out  # received from any source: torch returns who sent it
-
-        kept: list[Event] = []
-        if rec.sinks:
-            offset, values = 0, None
-            if spec.peer in ("dst", "src") and name in ("send", "isend", "recv", "irecv"):
-                t = arg(args, kwargs, spec.payload)
-                if isinstance(t, torch.Tensor):
-                    offset = t.storage_offset()
-                    limit = rec.values_limit
-                    if (limit and name in ("send", "isend") and t.numel() <= limit
-                            and not t.is_meta):
-                        # Host numbers, never a tensor: events must come back on the CPU. On
-                        # CUDA the copy runs on the current stream after the send was queued;
-                        # both only read the tensor, which the caller may not change before
-                        # wait() anyway.
-                        values = tuple(t.detach().reshape(-1).cpu().tolist())
-            kept = rec.add(Event(rank, seq, name, peer, nbytes, dtype, shape, start,
-                                 None if is_async else time.time(), _group_ranks(group),
-                                 is_async, offset, values))
-        if is_async and out is not None:
-            return RecordedWork(out, kept, rank, seq, name, peer, nbytes, dtype)
-        return out
+        return _call_recorded(name, spec, lambda: orig(*args, **kwargs),
+                              arg(args, kwargs, spec.payload), group, peer, is_async)
 
     wrapper.__toolkit_wrapped__ = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def _torchs_own(fn: Any, name: str) -> bool:
+    """`fn` is torch's `distributed_c10d.<name>` itself (not a replacement someone installed)."""
+    return (getattr(fn, "__module__", None) == c10d.__name__
+            and getattr(fn, "__qualname__", None) == name)
+
+
+def post_p2p(name: str, tensor: torch.Tensor, peer: int, group: Any, group_peer: int) -> Any:
+    """``dist.isend`` / ``dist.irecv`` (`name`) of `tensor` to or from global rank `peer`
+    (rank `group_peer` of `group`; None: the world), recorded exactly as the wrapper records
+    that call, but posted straight on the process group (``ProcessGroup.send/recv``, what
+    torch's function calls) without torch's Python checks: some 15 µs of CPU per message
+    here, which a caller that validated its group once (`toolkit.collectives`) need not pay.
+
+    Falls back to the function itself whenever that could differ: a replacement installed
+    in place of torch's (the wrapper's or torch's own are the only ones known), a tensor
+    subclass (``__torch_function__``), a complex tensor (torch sends it as real pairs).
+    """
+    fn = getattr(dist, name)
+    wrapped = getattr(fn, "__toolkit_wrapped__", False)
+    inner = RECORDER.originals.get(name) if wrapped else fn
+    if (not _torchs_own(inner, name) or type(tensor) is not torch.Tensor
+            or tensor.is_complex()):
+        return fn(tensor, peer, group=group)
+    pg = c10d._get_default_group() if group is None else group
+    post = pg.send if name == "isend" else pg.recv
+    rec = RECORDER
+    if not wrapped or rec.tls.depth or (rec.board is None and not rec.sinks):
+        return post([tensor], group_peer, 0)
+    return _call_recorded(name, SPECS[name], lambda: post([tensor], group_peer, 0), tensor,
+                          group, peer, True)
 
 
 # -- the module's functions: the recorder's public face ------------------------------------------
