@@ -13,6 +13,10 @@ of `distributed_c10d.X` made at import, and torch's own helpers (`batch_isend_ir
 Calls nested inside a recorded call (`all_gather_into_tensor` calls `all_gather_single`) are not
 recorded again: only the outermost call a user made counts.
 
+`post_p2p` is an isend/irecv for callers that already checked their group (the sliced ring): it
+posts on the process group as torch's function does, skipping that function's Python checks,
+and records through the same `_call_recorded` as the wrappers, so the events are the same.
+
 Not seen: traffic that never enters the Python API: torch DDP's C++ reducer, DTensor's
 functional collectives, NCCL calls from C++ extensions. Code that did
 ``from torch.distributed import send`` *before* `install()` ran holds the unwrapped function;
