@@ -154,6 +154,8 @@ def sliced_ring_all_reduce(tensor: torch.Tensor, group=None, *, op: ReduceOpLike
     """All-reduce `tensor` in place with the pipelined ring; returns it.
 
     2(p−1)·S messages per rank (S = `ring_slices`), 2(p−1)/p · n bytes, as the simple ring.
+    `window`: reduce-scatter receives in flight, one scratch slice each (None: as many as
+    `AHEAD_BYTES` holds, at least `WINDOW`; the same three functions take it).
     """
     run = _runner(slice_bytes, window, reduce=True, gather=True)
     return drive_all_reduce("sliced_ring_all_reduce", tensor, group, op, check, run)
