@@ -1,4 +1,4 @@
-"""`toolkit.comm.patch.post_p2p`: a message posted straight on the process group is recorded
+"""`toolkit.comm.post.post_p2p`: a message posted straight on the process group is recorded
 exactly as ``dist.isend`` / ``dist.irecv`` record it, and falls back to those functions whenever
 it could behave differently. The sliced ring posts every message this way."""
 
@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from toolkit import collectives as C
 from toolkit import comm
-from toolkit.comm import patch
+from toolkit.comm.post import post_p2p
 from toolkit.launch import spawn
 
 pytestmark = pytest.mark.multirank
@@ -36,8 +36,8 @@ def _one_way_then_the_other(rank, world_size):
             if how == "dist":
                 works = [dist.irecv(into, left), dist.isend(data[2:5], right)]
             else:
-                works = [patch.post_p2p("irecv", into, left, None, left),
-                         patch.post_p2p("isend", data[2:5], right, None, right)]
+                works = [post_p2p("irecv", into, left, None, left),
+                         post_p2p("isend", data[2:5], right, None, right)]
             for w in works:
                 w.wait()
             got[how] = into.tolist()
@@ -48,8 +48,8 @@ def _one_way_then_the_other(rank, world_size):
                     works = [dist.isend(data[:2], other, group=sub),
                              dist.irecv(into, other, group=sub)]
                 else:
-                    works = [patch.post_p2p("isend", data[:2], other, sub, other // 2),
-                             patch.post_p2p("irecv", into, other, sub, other // 2)]
+                    works = [post_p2p("isend", data[:2], other, sub, other // 2),
+                             post_p2p("irecv", into, other, sub, other // 2)]
                 for w in works:
                     w.wait()
                 got[how + " sub"] = into.tolist()
@@ -93,8 +93,8 @@ def _through_a_replacement(rank, world_size):
     try:
         for name in originals:
             setattr(dist, name, spy(name))
-        works = [patch.post_p2p("irecv", into, 1 - rank, None, 1 - rank),
-                 patch.post_p2p("isend", torch.full((4,), float(rank)), 1 - rank, None, 1 - rank)]
+        works = [post_p2p("irecv", into, 1 - rank, None, 1 - rank),
+                 post_p2p("isend", torch.full((4,), float(rank)), 1 - rank, None, 1 - rank)]
         for w in works:
             w.wait()
     finally:
@@ -114,14 +114,14 @@ def _unrecorded_and_complex(rank, world_size):
     (torch sends it as real pairs) goes through torch's own function."""
     comm.uninstall()
     into = torch.zeros(2, dtype=torch.complex64)
-    works = [patch.post_p2p("irecv", into, 1 - rank, None, 1 - rank),
-             patch.post_p2p("isend", torch.full((2,), complex(rank, 1)), 1 - rank, None,
+    works = [post_p2p("irecv", into, 1 - rank, None, 1 - rank),
+             post_p2p("isend", torch.full((2,), complex(rank, 1)), 1 - rank, None,
                             1 - rank)]
     for w in works:
         w.wait()
     plain = torch.zeros(3)
-    w = [patch.post_p2p("irecv", plain, 1 - rank, None, 1 - rank),
-         patch.post_p2p("isend", torch.full((3,), rank + 0.5), 1 - rank, None, 1 - rank)]
+    w = [post_p2p("irecv", plain, 1 - rank, None, 1 - rank),
+         post_p2p("isend", torch.full((3,), rank + 0.5), 1 - rank, None, 1 - rank)]
     for x in w:
         x.wait()
     return into.tolist(), plain.tolist(), comm.is_installed()

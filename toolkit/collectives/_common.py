@@ -23,6 +23,7 @@ from ..arguments import is_int
 # take it from here.
 from ..chunks import chunk_bounds, chunk_sizes  # noqa: F401
 from ..comm import patch
+from ..comm.post import post_p2p
 
 ReduceOpLike = Any  # "sum" | "avg" | "product" | "max" | "min" | torch.distributed.ReduceOp
 
@@ -51,14 +52,14 @@ class GroupView:
 
     def isend(self, t: torch.Tensor, group_rank: int) -> Any:
         """``dist.isend(t, self.peer(group_rank), group=self.handle)``, recorded the same, posted
-        without torch's per-call Python checks (`toolkit.comm.patch.post_p2p`)."""
+        without torch's per-call Python checks (`toolkit.comm.post.post_p2p`)."""
         group_rank %= self.size
-        return patch.post_p2p("isend", t, self.ranks[group_rank], self.handle, group_rank)
+        return post_p2p("isend", t, self.ranks[group_rank], self.handle, group_rank)
 
     def irecv(self, t: torch.Tensor, group_rank: int) -> Any:
         """``dist.irecv(t, self.peer(group_rank), group=self.handle)``, as `isend`."""
         group_rank %= self.size
-        return patch.post_p2p("irecv", t, self.ranks[group_rank], self.handle, group_rank)
+        return post_p2p("irecv", t, self.ranks[group_rank], self.handle, group_rank)
 
     def group_rank(self, global_rank: int, *, name: str, arg: str) -> int:
         """Rank within the group of a global rank given as `arg`; a clear error if outside."""

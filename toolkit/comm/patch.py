@@ -13,9 +13,9 @@ of `distributed_c10d.X` made at import, and torch's own helpers (`batch_isend_ir
 Calls nested inside a recorded call (`all_gather_into_tensor` calls `all_gather_single`) are not
 recorded again: only the outermost call a user made counts.
 
-`post_p2p` is an isend/irecv for callers that already checked their group (the sliced ring): it
-posts on the process group as torch's function does, skipping that function's Python checks,
-and records through the same `_call_recorded` as the wrappers, so the events are the same.
+`toolkit.comm.post.post_p2p` is an isend/irecv for callers that already checked their group
+(the sliced ring): it posts on the process group as torch's function does and records through
+the same `_call_recorded` as the wrappers, so the events are the same.
 
 Not seen: traffic that never enters the Python API: torch DDP's C++ reducer, DTensor's
 functional collectives, NCCL calls from C++ extensions. Code that did
@@ -152,7 +152,7 @@ class RecordedWork:
 def _call_recorded(name: str, spec: _Spec, call: Callable[[], Any], payload: Any, group: Any,
                    peer: int | None, is_async: bool) -> Any:
     """Run `call` (one call of the torch function `name`) and record it: the one place events
-    are made, for the wrappers and for `post_p2p` alike. `peer` is a global rank or None."""
+    are made, for the wrappers and for `post.post_p2p` alike. `peer` is a global rank or None."""
     rec, tls = RECORDER, RECORDER.tls
     board = rec.board
     nbytes, dtype, shape = _describe(payload)
@@ -224,38 +224,6 @@ def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
 
     wrapper.__toolkit_wrapped__ = True  # type: ignore[attr-defined]
     return wrapper
-
-
-def _torchs_own(fn: Any, name: str) -> bool:
-    """`fn` is torch's `distributed_c10d.<name>` itself (not a replacement someone installed)."""
-    return (getattr(fn, "__module__", None) == c10d.__name__
-            and getattr(fn, "__qualname__", None) == name)
-
-
-def post_p2p(name: str, tensor: torch.Tensor, peer: int, group: Any, group_peer: int) -> Any:
-    """``dist.isend`` / ``dist.irecv`` (`name`) of `tensor` to or from global rank `peer`
-    (rank `group_peer` of `group`; None: the world), recorded exactly as the wrapper records
-    that call, but posted straight on the process group (``ProcessGroup.send/recv``, what
-    torch's function calls) without torch's Python checks: some 15 µs of CPU per message
-    here, which a caller that validated its group once (`toolkit.collectives`) need not pay.
-
-    Falls back to the function itself whenever that could differ: a replacement installed
-    in place of torch's (the wrapper's or torch's own are the only ones known), a tensor
-    subclass (``__torch_function__``), a complex tensor (torch sends it as real pairs).
-    """
-    fn = getattr(dist, name)
-    wrapped = getattr(fn, "__toolkit_wrapped__", False)
-    inner = RECORDER.originals.get(name) if wrapped else fn
-    if (not _torchs_own(inner, name) or type(tensor) is not torch.Tensor
-            or tensor.is_complex()):
-        return fn(tensor, peer, group=group)
-    pg = c10d._get_default_group() if group is None else group
-    post = pg.send if name == "isend" else pg.recv
-    rec = RECORDER
-    if not wrapped or rec.tls.depth or (rec.board is None and not rec.sinks):
-        return post([tensor], group_peer, 0)
-    return _call_recorded(name, SPECS[name], lambda: post([tensor], group_peer, 0), tensor,
-                          group, peer, True)
 
 
 # -- the module's functions: the recorder's public face ------------------------------------------
