@@ -146,6 +146,7 @@ test-busy: setup browser slurm node  ## run every test with BURNERS (default 1) 
 bench: setup  ## print every figure (benchmarks/): launcher, collectives, DDP, FSDP, memory, bubbles, lessons
 	$(BIN)/python benchmarks/launch_overhead.py
 	$(BIN)/python benchmarks/collectives.py --sizes 1M,16M,64M --runs 3
+	$(BIN)/python benchmarks/collective_cpu.py
 	$(BIN)/python benchmarks/collectives.py --sizes 4K:64M:2
 	$(BIN)/python benchmarks/ddp_step.py
 	$(BIN)/python benchmarks/fsdp_step.py

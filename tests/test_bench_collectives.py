@@ -14,9 +14,9 @@ from toolkit.cost.results import FORMAT, load_all, load_results, machine_meta, s
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_collectives",
-                                                  ROOT / "benchmarks" / "collectives.py")
+def _bench(script: str = "collectives"):
+    spec = importlib.util.spec_from_file_location(f"bench_{script}",
+                                                  ROOT / "benchmarks" / f"{script}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -94,3 +94,20 @@ def test_results_round_trip_and_stacking(tmp_path):
     (tmp_path / "gpu" / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="re-run"):
         load_results(tmp_path / "gpu")
+
+
+@pytest.mark.multirank
+def test_cpu_per_call_is_split_by_thread_and_summed_over_ranks():
+    bench = _bench("collective_cpu")
+    table = bench.measure("all_reduce", ["sliced_ring", "torch"], [64 << 10], 2, rounds=2)
+    assert set(table) == {("sliced_ring", 64 << 10), ("torch", 64 << 10)}
+    for (label, _), (totals, by_kind) in table.items():
+        assert len(totals) == 2 and all(t > 0 for t in totals)
+        # the toolkit's ring runs in the rank's own thread; torch's in gloo's worker, idle
+        # (a few wake-ups at most) while the toolkit's ring runs
+        assert "main" in by_kind and "gloo_tcp_loop" in by_kind
+        worker = sum(by_kind.get("pt_gloo_runloop", [0.0]))
+        assert worker > 0 if label == "torch" else worker < 0.01 * sum(by_kind["main"])
+        assert totals == [sum(v[i] for v in by_kind.values()) for i in range(2)]
+    with pytest.raises(SystemExit):
+        bench.main(["--algorithms", "butterfly"])

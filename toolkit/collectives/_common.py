@@ -2,9 +2,11 @@
 and the one point-to-point step they are all built from (chunking: `toolkit.chunks`).
 
 Every byte the algorithms move goes through `dist.isend` / `dist.irecv`, looked up at call time so
-that `toolkit.comm` records each message. The only other traffic is the optional agreement check
-(`agree`), a 48-byte header sent with the *unrecorded* functions: it is validation, not part of the
-algorithm, and keeping it out of the trace keeps the recorded traffic equal to the theory.
+that `toolkit.comm` records each message (the sliced ring posts the same calls through
+`GroupView.isend` / `irecv`, which skip torch's Python checks and record them the same way).
+The only other traffic is the optional agreement check (`agree`), a 48-byte header sent with the
+*unrecorded* functions: it is validation, not part of the algorithm, and keeping it out of the
+trace keeps the recorded traffic equal to the theory.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..arguments import is_int
 # take it from here.
 from ..chunks import chunk_bounds, chunk_sizes  # noqa: F401
 from ..comm import patch
+from ..comm.post import post_p2p
 
 ReduceOpLike = Any  # "sum" | "avg" | "product" | "max" | "min" | torch.distributed.ReduceOp
 
@@ -46,6 +49,17 @@ class GroupView:
     def peer(self, group_rank: int) -> int:
         """Global rank of `group_rank` (torch's p2p calls take global ranks, also in a group)."""
         return self.ranks[group_rank % self.size]
+
+    def isend(self, t: torch.Tensor, group_rank: int) -> Any:
+        """``dist.isend(t, self.peer(group_rank), group=self.handle)``, recorded the same, posted
+        without torch's per-call Python checks (`toolkit.comm.post.post_p2p`)."""
+        group_rank %= self.size
+        return post_p2p("isend", t, self.ranks[group_rank], self.handle, group_rank)
+
+    def irecv(self, t: torch.Tensor, group_rank: int) -> Any:
+        """``dist.irecv(t, self.peer(group_rank), group=self.handle)``, as `isend`."""
+        group_rank %= self.size
+        return post_p2p("irecv", t, self.ranks[group_rank], self.handle, group_rank)
 
     def group_rank(self, global_rank: int, *, name: str, arg: str) -> int:
         """Rank within the group of a global rank given as `arg`; a clear error if outside."""

@@ -13,6 +13,10 @@ of `distributed_c10d.X` made at import, and torch's own helpers (`batch_isend_ir
 Calls nested inside a recorded call (`all_gather_into_tensor` calls `all_gather_single`) are not
 recorded again: only the outermost call a user made counts.
 
+`toolkit.comm.post.post_p2p` is an isend/irecv for callers that already checked their group
+(the sliced ring): it posts on the process group as torch's function does and records through
+the same `_call_recorded` as the wrappers, so the events are the same.
+
 Not seen: traffic that never enters the Python API: torch DDP's C++ reducer, DTensor's
 functional collectives, NCCL calls from C++ extensions. Code that did
 ``from torch.distributed import send`` *before* `install()` ran holds the unwrapped function;
@@ -145,12 +149,58 @@ class RecordedWork:
         return f"RecordedWork({self._op}, {self._work!r})"
 
 
+def _call_recorded(name: str, spec: _Spec, call: Callable[[], Any], payload: Any, group: Any,
+                   peer: int | None, is_async: bool) -> Any:
+    """Run `call` (one call of the torch function `name`) and record it: the one place events
+    are made, for the wrappers and for `post.post_p2p` alike. `peer` is a global rank or None."""
+    rec, tls = RECORDER, RECORDER.tls
+    board = rec.board
+    nbytes, dtype, shape = _describe(payload)
+    rank = rec.rank if rec.rank is not None else dist.get_rank()
+    seq = next(rec.seq)
+
+    if board is not None:
+        board.post(rank, seq, name, peer, nbytes, dtype)
+    start = time.time()
+    tls.depth += 1
+    try:
+        out = call()
+    finally:
+        tls.depth -= 1
+        if board is not None:
+            board.done(rank)
+    if name == "recv" and peer is None and isinstance(out, int):
+        peer = out  # received from any source: torch returns who sent it
+
+    kept: list[Event] = []
+    if rec.sinks:
+        offset, values = 0, None
+        if spec.peer in ("dst", "src") and name in ("send", "isend", "recv", "irecv"):
+            t = payload
+            if isinstance(t, torch.Tensor):
+                offset = t.storage_offset()
+                limit = rec.values_limit
+                if (limit and name in ("send", "isend") and t.numel() <= limit
+                        and not t.is_meta):
+                    # Host numbers, never a tensor: events must come back on the CPU. On
+                    # CUDA the copy runs on the current stream after the send was queued;
+                    # both only read the tensor, which the caller may not change before
+                    # wait() anyway.
+                    values = tuple(t.detach().reshape(-1).cpu().tolist())
+        kept = rec.add(Event(rank, seq, name, peer, nbytes, dtype, shape, start,
+                             None if is_async else time.time(), _group_ranks(group),
+                             is_async, offset, values))
+    if is_async and out is not None:
+        return RecordedWork(out, kept, rank, seq, name, peer, nbytes, dtype)
+    return out
+
+
 def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
     params = list(inspect.signature(orig).parameters.values())
     index = {p.name: i for i, p in enumerate(params)}
     default = {p.name: (None if p.default is inspect.Parameter.empty else p.default)
                for p in params}
-    rec, tls, counter = RECORDER, RECORDER.tls, RECORDER.seq  # looked up once: a hot path
+    rec, tls = RECORDER, RECORDER.tls  # looked up once: a hot path
 
     def arg(args: tuple, kwargs: dict, key: str | None) -> Any:
         if key is None or key not in index:
@@ -160,55 +210,17 @@ def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
 
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        board = rec.board
-        if tls.depth or (board is None and not rec.sinks):  # idle: the cheap path
+        if tls.depth or (rec.board is None and not rec.sinks):  # idle: the cheap path
             return orig(*args, **kwargs)
-
-        nbytes, dtype, shape = _describe(arg(args, kwargs, spec.payload))
         group = arg(args, kwargs, "group")
         peer = arg(args, kwargs, spec.peer)
         if peer is None:
             group_peer = arg(args, kwargs, spec.group_peer)
             if group_peer is not None:
                 peer = dist.get_global_rank(group, group_peer) if group is not None else group_peer
-        rank = rec.rank if rec.rank is not None else dist.get_rank()
-        seq = next(counter)
         is_async = spec.always_async or bool(arg(args, kwargs, "async_op"))
-
-        if board is not None:
-            board.post(rank, seq, name, peer, nbytes, dtype)
-        start = time.time()
-        tls.depth += 1
-        try:
-            out = orig(*args, **kwargs)
-        finally:
-            tls.depth -= 1
-            if board is not None:
-                board.done(rank)
-        if name == "recv" and peer is None and isinstance(out, int):
-            peer = out  # received from any source: torch returns who sent it
-
-        kept: list[Event] = []
-        if rec.sinks:
-            offset, values = 0, None
-            if spec.peer in ("dst", "src") and name in ("send", "isend", "recv", "irecv"):
-                t = arg(args, kwargs, spec.payload)
-                if isinstance(t, torch.Tensor):
-                    offset = t.storage_offset()
-                    limit = rec.values_limit
-                    if (limit and name in ("send", "isend") and t.numel() <= limit
-                            and not t.is_meta):
-                        # Host numbers, never a tensor: events must come back on the CPU. On
-                        # CUDA the copy runs on the current stream after the send was queued;
-                        # both only read the tensor, which the caller may not change before
-                        # wait() anyway.
-                        values = tuple(t.detach().reshape(-1).cpu().tolist())
-            kept = rec.add(Event(rank, seq, name, peer, nbytes, dtype, shape, start,
-                                 None if is_async else time.time(), _group_ranks(group),
-                                 is_async, offset, values))
-        if is_async and out is not None:
-            return RecordedWork(out, kept, rank, seq, name, peer, nbytes, dtype)
-        return out
+        return _call_recorded(name, spec, lambda: orig(*args, **kwargs),
+                              arg(args, kwargs, spec.payload), group, peer, is_async)
 
     wrapper.__toolkit_wrapped__ = True  # type: ignore[attr-defined]
     return wrapper
