@@ -37,6 +37,31 @@ def _traffic(rank: int, calls) -> RankTraffic:
     return t
 
 
+def _zero_traffic(rank: int, case, *, rs_scale=1.0, gather="params", extra=()) -> RankTraffic:
+    """A ZeRO rank's traffic as the courier records a correct run: per step a reduce-scatter
+    of its flat padded local gradient (times `rs_scale`) and an all-gather of its shard of the
+    updated parameters (or, `gather="grads"`, of its shard of the gradient sum), each with the
+    float32 bytes the courier keeps; `extra` calls (op, elements) first."""
+    t, p = _traffic(rank, extra), case["world_size"]
+    for grads, params in checks["zero_contents"](case, p):
+        size = params.numel() // p
+        summed = sum(grads)[rank * size:(rank + 1) * size]
+        shard = params[rank * size:(rank + 1) * size] if gather == "params" else summed
+        for op, value in (("reduce_scatter_single", grads[rank] * rs_scale),
+                          ("all_gather_single", shard)):
+            raw = value.float().numpy().tobytes()
+            o = Op(rank, len(t.ops), op, None, len(raw), "float32", (value.numel(),))
+            o.data = raw
+            t.ops.append(o)
+    return t
+
+
+def _zero_result(case, outputs, **how):
+    traffic = [_zero_traffic(r, case, **how) for r in range(case["world_size"])]
+    return CaseResult(case, case["world_size"], harness.make_inputs(case, case["world_size"]),
+                      outputs, traffic)
+
+
 def _result(case, outputs, calls=()):
     traffic = [_traffic(r, calls) for r in range(case["world_size"])]
     return CaseResult(case, case["world_size"], harness.make_inputs(case, case["world_size"]),
@@ -70,7 +95,7 @@ def _fsdp_outputs(scale=1.0, held=0, swap=False):
 
 def test_the_right_outputs_pass():
     assert checks["judge_zero"](_result(ZERO, _zero_outputs())).passed
-    assert checks["judge_zero_traffic"](_result(ZERO, _zero_outputs(), ZERO_CALLS)).passed
+    assert checks["judge_zero_traffic"](_zero_result(ZERO, _zero_outputs())).passed
     assert checks["judge_fsdp_traffic"](_result(FSDP, _fsdp_outputs(), CALLS)).passed
 
 
@@ -84,8 +109,8 @@ def test_list_forms_and_early_broadcasts_are_allowed():
     listed = _renamed(_renamed(CALLS, "all_gather_single", "all_gather"),
                       "reduce_scatter_single", "reduce_scatter")
     assert checks["judge_fsdp_traffic"](_result(FSDP, _fsdp_outputs(), listed)).passed
-    early = [("broadcast", 53)] + ZERO_CALLS
-    assert checks["judge_zero_traffic"](_result(ZERO, _zero_outputs(), early)).passed
+    early = _zero_result(ZERO, _zero_outputs(), extra=[("broadcast", 53)])
+    assert checks["judge_zero_traffic"](early).passed
 
 
 @pytest.mark.parametrize("judge, case, calls, words", [
@@ -110,12 +135,28 @@ def test_state_needs_sharded_collectives():
     in the rank's optimizer but the whole gradient sum delivered fails."""
     adam = dict(ZERO, optimizer="adam", frozen=[])
     n = 7 * 5 + 5 + 5 * 3 + 3  # 58 trainable elements: S = 29
-    good = [("reduce_scatter_single", W * 29), ("all_gather_single", 29)] * 3
     bad = [("reduce_scatter_single", W * W * 29), ("all_gather_single", 29)] * 3
     small = _zero_outputs(state_bytes=8 * math.ceil(n / W))
-    assert checks["judge_state"](_result(adam, small, good)).passed
+    assert checks["judge_state"](_zero_result(adam, small)).passed
     v = checks["judge_state"](_result(adam, small, bad))
     assert not v.passed and "p·S = 58" in v.message, v.message
+
+
+def test_collectives_carry_the_gradient_and_the_updated_parameters():
+    """The courier keeps what each collective took in; the judge compares it with its own
+    step. Averaging before the reduce-scatter is fine; all-gathering the summed gradient
+    shards (right calls and shapes: every rank then has the whole gradient and can step a
+    hidden full optimizer, red team 4's lab03_allgather_grads) fails, as does a decoy
+    reduce-scatter of zeros."""
+    adam = dict(ZERO, optimizer="adam", frozen=[])
+    small = _zero_outputs(state_bytes=8 * 29)
+    assert checks["judge_state"](_zero_result(adam, small, rs_scale=1 / W)).passed
+    v = checks["judge_state"](_zero_result(adam, small, gather="grads"))
+    assert not v.passed and "rank 0's all-gather in step 1 did not take in its shard of the " \
+        "updated parameters" in v.message, v.message
+    v = checks["judge_zero_traffic"](_zero_result(ZERO, _zero_outputs(), rs_scale=0.0))
+    assert not v.passed and "rank 0's reduce-scatter in step 1 did not take in its flat " \
+        "padded gradient" in v.message, v.message
 
 
 @pytest.mark.parametrize("verdict, words", [
@@ -177,3 +218,31 @@ def test_bounds_are_judged_on_the_case_sizes():
     forged = [{"numel": 10**12, "world_size": 4, "bounds": [[0, 1]] * 4, "flat": None}] * 8
     v = checks["judge_bounds"](_result(case, [forged]))
     assert not v.passed and "shard_bounds(1, 1, r)" in v.message, v.message
+
+
+def test_the_release_walk_finds_weights_kept_as_storages_or_numpy_arrays():
+    """After forward the harness looks for a unit's full weight in every storage the garbage
+    collector reaches: behind tensors, storage objects (red team 4's lab03_fsdp_storage kept
+    one in a ctx attribute) and numpy arrays, at any byte offset. A copy in another dtype is
+    not found (docs/grading.md says so)."""
+    np = pytest.importorskip("numpy")
+    w = torch.randn(6, 5)
+    odd = torch.frombuffer(bytearray(b"\0" + w.numpy().tobytes() + b"\0\0"), dtype=torch.uint8)
+    assert harness._contains(odd.untyped_storage(), w)
+    assert harness._contains(torch.cat([torch.randn(3), w.reshape(-1)]).untyped_storage(), w)
+    assert not harness._contains(w.double().untyped_storage(), w)
+    assert not harness._contains(w.reshape(-1)[1:].clone().untyped_storage(), w)
+
+    class Box:
+        pass
+
+    box = Box()
+    box.kept = torch.cat([w.reshape(-1), torch.randn(4)]).untyped_storage()
+    box.array = [w.numpy().copy()]
+    box.frozen = [np.concatenate([np.zeros(3, np.float32), w.numpy().reshape(-1)])]
+    box.frozen[0].flags.writeable = False
+    found = harness._live_storages()
+    assert box.kept.data_ptr() in {s.data_ptr() for s in found}
+    assert box.array[0].ctypes.data in {s.data_ptr() for s in found}
+    # a read-only numpy array (DLPack exports writeable ones only) is read from a copy
+    assert 4 * (3 + 30) in {s.nbytes() for s in found if harness._contains(s, w)}

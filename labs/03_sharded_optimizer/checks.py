@@ -7,10 +7,12 @@ optimizer's state tensors; gathered parameters alive after forward) and traffic 
 grader's courier: calls per operation (``reduce_scatter_tensor``, ``reduce_scatter_single`` and
 the list form ``reduce_scatter`` are one operation, as are the all-gathers) and the elements
 each took in: a reduce-scatter p·S (the flat padded vector), an all-gather S (a shard),
-S = ⌈n/p⌉ for the case's model. The pure functions are judged on the case's (n, p), one row
-each. ZeRO §5.1-5.3 and §7.2 (Rajbhandari et al., SC 2020): stage 2 keeps Kψ/N_d bytes of
-optimizer state per rank; stage 3 all-gathers each unit twice and reduce-scatters its gradient
-once per step.
+S = ⌈n/p⌉ for the case's model, and what a ZeRO step's collectives carried (the courier keeps
+their inputs): the rank's own flat gradient into the reduce-scatter, its shard of the updated
+parameters into the all-gather, both from the grader's own float64 step. The pure functions
+are judged on the case's (n, p), one row each. ZeRO §5.1-5.3 and §7.2 (Rajbhandari et al.,
+SC 2020): stage 2 keeps Kψ/N_d bytes of optimizer state per rank; stage 3 all-gathers each unit
+twice and reduce-scatters its gradient once per step.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from _lab_harness import OPTIMIZERS, make_data, make_model  # the lab's harness.py
+from _lab_harness import OPTIMIZERS, local_batch, make_data, make_model  # the lab's harness.py
+from autograder.feedback import describe
 from autograder.lab import CaseResult, Check, LabInfo, Verdict, one_row_each
+from autograder.sandbox.channel import FrameError, make_tensor
 
 LAB = LabInfo(
     slug="03_sharded_optimizer",
@@ -57,18 +61,49 @@ def _label(r: CaseResult) -> str:
     return f"{r.world_size} ranks, layers {r.case['dims']}{frozen}"
 
 
-def reference(case: dict, *, steps: int, optimizer: str, grad_scale: float = 1.0) -> nn.Module:
-    """The seeded model trained in one process, float64, on the whole batch. `grad_scale`
-    = world_size gives what a run that *sums* gradients over ranks would reach."""
+def _training(case: dict, *, steps: int, optimizer: str, grad_scale: float = 1.0):
+    """The seeded model trained in one process, float64, on the whole batch: yields the model
+    before each step and once more after the last. `grad_scale` = world_size gives what a run
+    that *sums* gradients over ranks would reach."""
     model = make_model(case).double()
     x, y = (t.double() for t in make_data(case))
     _, cls, options = OPTIMIZERS[optimizer]
     opt = cls([p for p in model.parameters() if p.requires_grad], **options)
     for _ in range(steps):
+        yield model
         opt.zero_grad()
         (grad_scale * F.mse_loss(model(x), y)).backward()
         opt.step()
+    yield model
+
+
+def reference(case: dict, *, steps: int, optimizer: str, grad_scale: float = 1.0) -> nn.Module:
+    """The model after `steps` steps of `_training`."""
+    *_, model = _training(case, steps=steps, optimizer=optimizer, grad_scale=grad_scale)
     return model
+
+
+def _padded(tensors: list[torch.Tensor], p: int) -> torch.Tensor:
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+    return torch.cat([flat, flat.new_zeros(p * math.ceil(flat.numel() / p) - flat.numel())])
+
+
+def zero_contents(case: dict, p: int) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
+    """Per step of single-process training (float64): each rank's flat padded local gradient
+    (the mean loss over its slice of the batch: what its reduce-scatter should take in) and
+    the flat padded trainable parameters after the step (whose r-th S-element shard rank r's
+    all-gather should take in)."""
+    steps, optimizer = case.get("steps", 3), case.get("optimizer", "sgd")
+    out, grads = [], None
+    for model in _training(case, steps=steps, optimizer=optimizer):
+        params = [q for q in model.parameters() if q.requires_grad]
+        if grads is not None:
+            out.append((grads, _padded(params, p)))
+        grads = []
+        for rank in range(p):
+            x, y = (t.double() for t in local_batch(case, rank, p))
+            grads.append(_padded(list(torch.autograd.grad(F.mse_loss(model(x), y), params)), p))
+    return out
 
 
 def _calls(counts: dict[str, int]) -> str:
@@ -262,7 +297,57 @@ def _zero_collectives(r: CaseResult) -> Verdict:
                                   f"make shards of S = ⌈{n}/{p}⌉ = {size}: each reduce-scatter "
                                   f"takes the flat padded gradient (p·S = {p * size}) and "
                                   f"returns S, each all-gather takes the S-element shard")
+    return _zero_contents(r)
+
+
+def _inputs(op) -> torch.Tensor | None:
+    """What a rank passed into a collective (the courier's copy, all inputs end to end), flat,
+    float64; None when the courier did not keep it or it does not read as its dtype."""
+    dtype = getattr(torch, str(op.dtype), None)
+    if op.data is None or not isinstance(dtype, torch.dtype):
+        return None
+    try:
+        item = torch.empty(0, dtype=dtype).element_size()
+        return make_tensor(op.dtype, [len(op.data) // item], op.data).double()
+    except (FrameError, RuntimeError, TypeError):
+        return None
+
+
+def _zero_contents(r: CaseResult) -> Verdict:
+    """What each step's collectives carried, from the courier's copies of their inputs: the
+    reduce-scatter the rank's own flat padded gradient (or that over p: averaging first is
+    fine), the all-gather the rank's shard of the *updated parameters*. Right calls and shapes
+    can carry something else: all-gathering the summed gradient shards hands every rank the
+    whole gradient, and a full optimizer hidden anywhere then trains replicated."""
+    p = r.world_size
+    per_step = zero_contents(r.case, p)
+    size = per_step[0][1].numel() // p
+    for rank, t in enumerate(r.traffic):
+        rs = [o for o in t.ops if SAME.get(o.op, o.op) == RS]
+        ag = [o for o in t.ops if SAME.get(o.op, o.op) == AG]
+        for step, ((grads, params), a, b) in enumerate(zip(per_step, rs, ag), 1):
+            got, want = _inputs(a), grads[rank]
+            if not any(_close(got, want * c) for c in (1.0, 1.0 / p)):
+                return Verdict(False, f"rank {rank}'s reduce-scatter in step {step} did not take "
+                                      f"in its flat padded gradient (of the loss on its own slice "
+                                      f"of the batch, {p}·S = {want.numel()} elements, or that "
+                                      f"divided by {p}): {_said(got, want)} ({_label(r)})")
+            got, want = _inputs(b), params[rank * size:(rank + 1) * size]
+            if not _close(got, want):
+                return Verdict(False, f"rank {rank}'s all-gather in step {step} did not take in "
+                                      f"its shard of the updated parameters (elements "
+                                      f"[{rank}·S, {rank + 1}·S) of the flat trainable "
+                                      f"parameters after the step, S = {size}): "
+                                      f"{_said(got, want)}; ZeRO all-gathers parameters, so "
+                                      f"each rank steps only its shard ({_label(r)})")
     return Verdict(True)
+
+
+def _said(got: torch.Tensor | None, want: torch.Tensor) -> str:
+    if got is None:
+        return ("the courier kept no readable copy of it (the ranks had passed more than it "
+                "keeps per launch before it)")
+    return describe(got, want)
 
 
 def judge_zero_traffic(r: CaseResult) -> Verdict:
@@ -339,6 +424,9 @@ def judge_fsdp_traffic(r: CaseResult) -> Verdict:
     want_rs = sorted(p * s for s in shards for _ in range(steps))
     for rank, (out, t) in enumerate(zip(r.outputs, r.traffic)):
         held = out.get("held_after_forward") if isinstance(out, dict) else None
+        if not isinstance(held, int):
+            return Verdict(False, f"rank {rank}: the harness's measure of what is held after "
+                                  "forward did not come back (was _lab_harness changed?)")
         if held:
             return Verdict(False, f"rank {rank} still held {held:,} bytes of gathered parameters "
                                   "after forward (a tensor holding a unit's full weight, saved "
@@ -393,11 +481,13 @@ CHECKS = [
     Check("ShardedOptimizer (Adam): each rank holds ≈ 1/p of the optimizer state", 6, "zero",
           cases([(2, (7, 5, 3), ()), (4, (7, 5, 3), ())], seed=10, optimizer="adam"),
           judge_state, about="Bytes of exp_avg and exp_avg_sq measured on each rank; each "
-                             "reduce-scatter's input p·S elements (courier)."),
+                             "reduce-scatter's input p·S elements and what each reduce-scatter "
+                             "and all-gather carried (courier)."),
     Check("FSDPLinear: shards in place, training equals single-process after 2 steps", 10,
           "fsdp", cases([(2, (5, 6, 3), ()), (2, (3, 4, 4, 2), ())], seed=20), judge_fsdp,
           about="Every rank's shard before training, then all shards put together after SGD."),
     Check("FSDPLinear: 2 all-gathers + 1 reduce-scatter per unit, nothing held after forward",
-          8, "fsdp", cases([(2, (5, 6, 3), ())], seed=30), judge_fsdp_traffic,
-          about="Calls counted by the recorder; gathered bytes alive after the first forward."),
+          8, "fsdp", cases([(2, (5, 6, 3), ())], seed=30, release=True), judge_fsdp_traffic,
+          about="Calls from the courier; gathered bytes alive after the first forward (in any "
+                "tensor, storage or numpy array the garbage collector reaches)."),
 ]

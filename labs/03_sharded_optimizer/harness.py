@@ -8,12 +8,15 @@ builds the model's layers from the case's public widths. Holds no answers: model
 
 A case is a dict: ``world_size``, ``seed``, ``dims`` (layer widths, e.g. [7, 5, 3]),
 ``frozen`` (names of parameters with requires_grad=False), ``optimizer`` ("sgd" or "adam"),
-``steps``; for the bounds call, ``sizes`` (numel values).
+``steps``, ``release`` (FSDP: measure what is held after the first forward); for the bounds
+call, ``sizes`` (numel values).
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
+import sys
 import warnings
 
 import torch
@@ -171,38 +174,90 @@ def _fsdp_model(student, call) -> nn.Sequential:
                            if isinstance(m, nn.Linear) else m for m in _model(call)])
 
 
-def _holds(t: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether tensor `t` starts with `weight`'s values (as a unit's gathered flat vector, or
-    a view of its weight, does). Tensors whose storage was freed in place (resize_(0), as torch
-    FSDP releases) or that live elsewhere than readable memory hold nothing."""
+def _as(storage, dtype: torch.dtype, shift: int) -> torch.Tensor | None:
+    """A storage's bytes from `shift` on, read as `dtype` (a flat tensor on its device)."""
+    item = dtype.itemsize
+    count = (storage.nbytes() - shift) // item
+    if count <= 0:
+        return None
+    raw = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    part = raw[shift:shift + count * item]
+    return (part.clone() if shift else part).view(dtype)  # a view needs aligned elements
+
+
+def _contains(storage, weight: torch.Tensor) -> bool:
+    """Whether a storage holds `weight`'s values anywhere in it, at any byte offset (as a
+    unit's gathered flat vector, a view of its weight, or bytes kept at an odd offset do).
+    Storages freed in place (resize_(0), as torch FSDP releases) hold nothing."""
+    flat = weight.detach().reshape(-1)
     try:
-        if (t.layout != torch.strided or t.is_meta or t.dtype != weight.dtype
-                or t.numel() < weight.numel()):
+        if storage.nbytes() < flat.numel() * flat.element_size() or storage.device.type == "meta":
             return False
-        storage = t.untyped_storage()
-        if storage.nbytes() < (t.storage_offset() + t.numel()) * t.element_size():
-            return False
-        flat = t.detach().reshape(-1)[:weight.numel()]
-        return torch.equal(flat, weight.reshape(-1).to(flat.device))
+        flat = flat.to(storage.device)
+        for shift in range(flat.element_size()):
+            values = _as(storage, flat.dtype, shift)
+            if values is None or values.numel() < flat.numel():
+                continue
+            starts = (values[:values.numel() - flat.numel() + 1] == flat[0]).nonzero()
+            for i in starts.reshape(-1)[:64].tolist():  # random weights: few candidate starts
+                if torch.equal(values[i:i + flat.numel()], flat):
+                    return True
     except (RuntimeError, TypeError, NotImplementedError):
         return False
+    return False
 
 
-def _live_tensors() -> list[torch.Tensor]:
-    """Every torch tensor the interpreter's garbage collector tracks in this process (held by
-    any object: a ctx attribute, a list, a closure), after a collection."""
+def _storage(o):
+    """The storage behind a tensor, a storage object or a numpy array."""
+    if isinstance(o, torch.Tensor):
+        return None if o.is_meta or o.layout != torch.strided else o.untyped_storage()
+    if isinstance(o, torch.UntypedStorage):
+        return o
+    if isinstance(o, torch.TypedStorage):
+        return o.untyped()
+    np = sys.modules["numpy"]
+    if o.dtype.kind not in "fiub":
+        return None
+    flat = np.ascontiguousarray(o).view(np.uint8).reshape(-1)
+    if not flat.flags.writeable:  # DLPack exports writeable arrays only: read a copy
+        flat = flat.copy()
+    return torch.from_dlpack(flat).untyped_storage()  # host memory, where the array is
+
+
+def _live_storages() -> list:
+    """Every storage this process's garbage collector reaches, after a collection: behind any
+    tensor, storage object or numpy array it tracks or that a tracked object refers to directly
+    (a ctx attribute, a list, a closure, a dict)."""
+    kinds = (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)
+    if "numpy" in sys.modules:
+        kinds += (sys.modules["numpy"].ndarray,)
     gc.collect()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # isinstance on deprecated torch names warns
-        return [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+        tracked = gc.get_objects()
+        # one isinstance per object (about a million here): the filter, then the few hits
+        hits = [o for o in itertools.chain(tracked, gc.get_referents(*tracked))
+                if isinstance(o, kinds)]
+        del tracked
+        found = []
+        for o in hits:
+            try:
+                storage = _storage(o)
+            except (RuntimeError, TypeError, ValueError, NotImplementedError):
+                continue
+            if storage is not None:
+                found.append(storage)
+        return found
 
 
 def _held_after_forward(model: nn.Sequential, x: torch.Tensor, init: list[torch.Tensor],
                         mine: list[torch.Tensor]):
-    """Bytes of gathered parameters still alive after the first forward: any live tensor (saved
-    for backward, or held anywhere the garbage collector sees) that holds a unit's full weight,
-    recognised by its values (known before training). `mine`: the harness's own tensors with
-    those values (the grader's inputs and `init`), not counted."""
+    """Bytes of gathered parameters still alive after the first forward: any live storage
+    (saved for backward, or held as a tensor, a storage or a numpy array anywhere the garbage
+    collector sees) that holds a unit's full weight, recognised by its values (known before
+    training). `mine`: the harness's own tensors with those values (the grader's inputs and
+    `init`), not counted. A copy in another form (a list of floats, another dtype) is not
+    seen: this catches the ordinary mistake, a gathered weight saved for backward."""
     saved: list[torch.Tensor] = []
 
     def pack(t):
@@ -213,12 +268,12 @@ def _held_after_forward(model: nn.Sequential, x: torch.Tensor, init: list[torch.
         out = model(x)
     ours = {t.untyped_storage().data_ptr() for t in mine}
     held = {}
-    for t in saved + _live_tensors():
-        storage = t.untyped_storage()
-        if storage.data_ptr() in ours or storage.nbytes() == 0:
+    for storage in [t.untyped_storage() for t in saved] + _live_storages():
+        key = storage.data_ptr()
+        if key in ours or key in held or storage.nbytes() == 0:
             continue
-        if any(_holds(t, weight) for weight in init):
-            held[storage.data_ptr()] = storage.nbytes()
+        if any(_contains(storage, weight) for weight in init):
+            held[key] = storage.nbytes()
     return out, sum(held.values())
 
 
@@ -232,7 +287,7 @@ def _fsdp(student, call):
     held = None
     for step in range(call.case.get("steps", 2)):
         opt.zero_grad()
-        if step == 0:
+        if step == 0 and call.case.get("release"):  # the walk costs ~0.5 s: where judged
             mine = init + [v for v in call.inputs["state"].values()]
             out, held = _held_after_forward(model, x, init, mine)
         else:
