@@ -1,9 +1,10 @@
 """Lab 03's checks rest on the case and the courier's record, not on the rank's rows or on what
-it keeps at agreed names or in agreed forms (red-team passes 3 and 4): each file in
+it keeps at agreed names or in agreed forms (red-team passes 3-5): each file in
 tests/faults/03_sharded_optimizer/ is the reference with one change appended (the later
 definition wins), graded on the first case of the visible checks it names (real ranks). A cheat
-loses the checks it targets and keeps the others; the fair variant (the list form of all_gather)
-passes. The reference's full marks are tested with every lab in test_autograder.py."""
+loses the checks it targets and keeps the others; the fair variants (the list form of
+all_gather, parameters flattened in another order, a float64 master shard) pass. The
+reference's full marks are tested with every lab in test_autograder.py."""
 
 from __future__ import annotations
 
@@ -23,12 +24,23 @@ CASES = {
                          STATE: (False, [r"reduce-scatters took \[116, 116, 116\] elements in",
                                          r"p·S = 58"])},
     "fsdp_keep_full": {FSDP: (True, []),
-                       RELEASE: (False, [r"rank 0 still held 232 bytes of gathered parameters "
+                       RELEASE: (False, [r"rank 0 still held \d[\d,]* bytes of gathered parameters "
                                          r"after forward"])},
     "fair_all_gather_list": {FSDP: (True, []), RELEASE: (True, [])},
     "allgather_grads": {ZERO: (True, []),
                         STATE: (False, [r"rank 0's all-gather in step 1 did not take in its "
                                         r"shard of the updated parameters"])},
+    "zero_hooks_broadcast": {ZERO: (True, []),
+                             STATE: (False, [r"rank 0's broadcast 1 sent something other than "
+                                             r"the initial parameters"])},
+    "fsdp_list_parts": {FSDP: (True, []),
+                        RELEASE: (False, [r"rank 0 still held \d[\d,]* bytes of gathered "
+                                          r"parameters after forward"])},
+    "fsdp_zeroed_buffer": {FSDP: (True, []),
+                           RELEASE: (False, [r"rank 0 still held \d[\d,]* bytes of gathered "
+                                             r"parameters after forward"])},
+    "fair_zero_reversed": {ZERO: (True, []), STATE: (True, [])},
+    "fair_zero_master64": {ZERO: (True, []), STATE: (True, [])},
     "fsdp_storage": {FSDP: (True, []),
                      RELEASE: (False, [r"rank 0 still held \d[\d,]* bytes of gathered "
                                        r"parameters after forward"])},

@@ -37,22 +37,35 @@ def _traffic(rank: int, calls) -> RankTraffic:
     return t
 
 
-def _zero_traffic(rank: int, case, *, rs_scale=1.0, gather="params", extra=()) -> RankTraffic:
+def _flat(blocks, order=None):
+    blocks = [blocks[k] for k in order] if order else blocks
+    flat = torch.cat(blocks)
+    return torch.cat([flat, flat.new_zeros(-flat.numel() % W)])
+
+
+def _zero_traffic(rank: int, case, *, rs_scale=1.0, gather="params", extra=(),
+                  order=None) -> RankTraffic:
     """A ZeRO rank's traffic as the courier records a correct run: per step a reduce-scatter
     of its flat padded local gradient (times `rs_scale`) and an all-gather of its shard of the
     updated parameters (or, `gather="grads"`, of its shard of the gradient sum), each with the
-    float32 bytes the courier keeps; `extra` calls (op, elements) first."""
-    t, p = _traffic(rank, extra), case["world_size"]
+    float32 bytes the courier keeps, the parameters flattened in `order` (None: model order);
+    `extra` (op, elements or a tensor the rank's root broadcast) first."""
+    t, p = RankTraffic(rank), case["world_size"]
+
+    def add(op, value, peer=None):
+        raw = value.float().numpy().tobytes()
+        o = Op(rank, len(t.ops), op, peer, len(raw), "float32", (value.numel(),))
+        o.data = raw
+        t.ops.append(o)
+
+    for op, what in extra:
+        add(op, what if isinstance(what, torch.Tensor) else torch.zeros(what), peer=0)
     for grads, params in checks["zero_contents"](case, p):
-        size = params.numel() // p
-        summed = sum(grads)[rank * size:(rank + 1) * size]
-        shard = params[rank * size:(rank + 1) * size] if gather == "params" else summed
-        for op, value in (("reduce_scatter_single", grads[rank] * rs_scale),
-                          ("all_gather_single", shard)):
-            raw = value.float().numpy().tobytes()
-            o = Op(rank, len(t.ops), op, None, len(raw), "float32", (value.numel(),))
-            o.data = raw
-            t.ops.append(o)
+        summed = [sum(g[k] for g in grads) for k in range(len(params))]
+        flat = _flat(params if gather == "params" else summed, order)
+        size = flat.numel() // p
+        add("reduce_scatter_single", _flat(grads[rank], order) * rs_scale)
+        add("all_gather_single", flat[rank * size:(rank + 1) * size])
     return t
 
 
@@ -68,10 +81,10 @@ def _result(case, outputs, calls=()):
                       outputs, traffic)
 
 
-def _zero_outputs(scale=1.0, state_bytes=100):
+def _zero_outputs(scale=1.0, state_elements=25):
     model = checks["reference"](ZERO, steps=3, optimizer="sgd", grad_scale=scale)
     params = {k: v.detach().float() for k, v in model.state_dict().items()}
-    return [{"params": params, "state_bytes": state_bytes}] * W
+    return [{"params": params, "state_elements": state_elements}] * W
 
 
 def _fsdp_outputs(scale=1.0, held=0, swap=False):
@@ -109,7 +122,8 @@ def test_list_forms_and_early_broadcasts_are_allowed():
     listed = _renamed(_renamed(CALLS, "all_gather_single", "all_gather"),
                       "reduce_scatter_single", "reduce_scatter")
     assert checks["judge_fsdp_traffic"](_result(FSDP, _fsdp_outputs(), listed)).passed
-    early = _zero_result(ZERO, _zero_outputs(), extra=[("broadcast", 53)])
+    weights = torch.cat([q.detach().reshape(-1) for q in harness.make_model(ZERO).parameters()])
+    early = _zero_result(ZERO, _zero_outputs(), extra=[("broadcast", weights)])
     assert checks["judge_zero_traffic"](early).passed
 
 
@@ -136,7 +150,7 @@ def test_state_needs_sharded_collectives():
     adam = dict(ZERO, optimizer="adam", frozen=[])
     n = 7 * 5 + 5 + 5 * 3 + 3  # 58 trainable elements: S = 29
     bad = [("reduce_scatter_single", W * W * 29), ("all_gather_single", 29)] * 3
-    small = _zero_outputs(state_bytes=8 * math.ceil(n / W))
+    small = _zero_outputs(state_elements=2 * math.ceil(n / W))
     assert checks["judge_state"](_zero_result(adam, small)).passed
     v = checks["judge_state"](_result(adam, small, bad))
     assert not v.passed and "p·S = 58" in v.message, v.message
@@ -149,7 +163,7 @@ def test_collectives_carry_the_gradient_and_the_updated_parameters():
     hidden full optimizer, red team 4's lab03_allgather_grads) fails, as does a decoy
     reduce-scatter of zeros."""
     adam = dict(ZERO, optimizer="adam", frozen=[])
-    small = _zero_outputs(state_bytes=8 * 29)
+    small = _zero_outputs(state_elements=2 * 29)
     assert checks["judge_state"](_zero_result(adam, small, rs_scale=1 / W)).passed
     v = checks["judge_state"](_zero_result(adam, small, gather="grads"))
     assert not v.passed and "rank 0's all-gather in step 1 did not take in its shard of the " \
@@ -163,7 +177,7 @@ def test_collectives_carry_the_gradient_and_the_updated_parameters():
     (lambda: checks["judge_zero"](_result(ZERO, _zero_outputs(scale=W))), "summed"),
     (lambda: checks["judge_fsdp"](_result(FSDP, _fsdp_outputs(scale=W))), "summed"),
     (lambda: checks["judge_state"](_result(dict(ZERO, optimizer="adam", frozen=[]),
-                                           _zero_outputs(state_bytes=8 * 58))),
+                                           _zero_outputs(state_elements=2 * 58))),
      "steps on the full tensor"),
     (lambda: checks["judge_fsdp"](_result(FSDP, _fsdp_outputs(swap=True))), "wrong shard offsets"),
     (lambda: checks["judge_fsdp_traffic"](_result(FSDP, _fsdp_outputs(held=232), CALLS)),
@@ -223,15 +237,22 @@ def test_bounds_are_judged_on_the_case_sizes():
 def test_the_release_walk_finds_weights_kept_as_storages_or_numpy_arrays():
     """After forward the harness looks for a unit's full weight in every storage the garbage
     collector reaches: behind tensors, storage objects (red team 4's lab03_fsdp_storage kept
-    one in a ctx attribute) and numpy arrays, at any byte offset. A copy in another dtype is
-    not found (docs/grading.md says so)."""
+    one in a ctx attribute), numpy arrays and dense copies of sparse tensors, at any byte
+    offset, after any number of decoy values, or transposed (red team 5). A copy in another
+    dtype is not found (docs/grading.md says so)."""
     np = pytest.importorskip("numpy")
     w = torch.randn(6, 5)
+    mine = [w.reshape(-1)]
     odd = torch.frombuffer(bytearray(b"\0" + w.numpy().tobytes() + b"\0\0"), dtype=torch.uint8)
-    assert harness._contains(odd.untyped_storage(), w)
-    assert harness._contains(torch.cat([torch.randn(3), w.reshape(-1)]).untyped_storage(), w)
-    assert not harness._contains(w.double().untyped_storage(), w)
-    assert not harness._contains(w.reshape(-1)[1:].clone().untyped_storage(), w)
+    assert harness._contains(odd.untyped_storage(), mine)
+    assert harness._contains(torch.cat([torch.randn(3), w.reshape(-1)]).untyped_storage(), mine)
+    decoys = torch.cat([w.reshape(-1)[:1].repeat(200), w.reshape(-1)[:-1], w.reshape(-1)])
+    assert harness._contains(decoys.untyped_storage(), mine)
+    assert not harness._contains(w.double().untyped_storage(), mine)
+    assert not harness._contains(w.reshape(-1)[1:].clone().untyped_storage(), mine)
+    assert harness._contains(w.t().contiguous().untyped_storage(), harness._unit_patterns(w))
+    assert harness.occurs(torch.arange(10.0), torch.tensor([3.0, 4.0, 5.0]))
+    assert not harness.occurs(torch.arange(10.0), torch.tensor([3.0, 5.0]))
 
     class Box:
         pass
@@ -241,8 +262,34 @@ def test_the_release_walk_finds_weights_kept_as_storages_or_numpy_arrays():
     box.array = [w.numpy().copy()]
     box.frozen = [np.concatenate([np.zeros(3, np.float32), w.numpy().reshape(-1)])]
     box.frozen[0].flags.writeable = False
+    box.sparse = {"w": torch.cat([torch.zeros(7), w.reshape(-1)]).to_sparse()}
     found = harness._live_storages()
     assert box.kept.data_ptr() in {s.data_ptr() for s in found}
     assert box.array[0].ctypes.data in {s.data_ptr() for s in found}
-    # a read-only numpy array (DLPack exports writeable ones only) is read from a copy
-    assert 4 * (3 + 30) in {s.nbytes() for s in found if harness._contains(s, w)}
+    holding = {s.nbytes() for s in found if harness._contains(s, mine)}
+    # a read-only numpy array (DLPack exports writeable ones only) is read from a copy; a
+    # sparse tensor from a dense copy
+    assert {4 * (3 + 30), 4 * (7 + 30)} <= holding
+
+
+def test_a_broadcast_may_only_sync_the_initial_weights():
+    """Red team 5 (lab03_zero_batch_broadcast): every rank broadcast its slice of the batch
+    before training, so each could train a hidden full optimizer on all of it while its
+    counted collectives carried the right contents. A broadcast that carries anything but
+    initial parameter values fails, whenever it was sent."""
+    x, _ = harness.local_batch(ZERO, 0, W)
+    v = checks["judge_zero_traffic"](_zero_result(ZERO, _zero_outputs(),
+                                                  extra=[("broadcast", x.reshape(-1))]))
+    assert not v.passed and "rank 0's broadcast 1 sent something other than the initial " \
+        "parameters" in v.message, v.message
+
+
+def test_any_flattening_order_is_fair():
+    """Red team 5 (fair03_zero_reversed): a ZeRO that flattens the parameters in reverse order
+    is as correct; the contents are judged in the order its all-gathers show."""
+    adam = dict(ZERO, optimizer="adam", frozen=[])
+    small = _zero_outputs(state_elements=2 * 29)
+    assert checks["judge_state"](_zero_result(adam, small, order=[3, 2, 1, 0])).passed
+    # all-gathering gradients shows no parameter order: judged in model order, it fails
+    assert not checks["judge_state"](_zero_result(adam, small, order=[3, 2, 1, 0],
+                                                  gather="grads")).passed

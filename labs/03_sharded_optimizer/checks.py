@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from _lab_harness import OPTIMIZERS, local_batch, make_data, make_model  # the lab's harness.py
+from _lab_harness import (OPTIMIZERS, local_batch, make_data,  # the lab's harness.py
+                          make_model, occurs)
 from autograder.feedback import describe
 from autograder.lab import CaseResult, Check, LabInfo, Verdict, one_row_each
 from autograder.sandbox.channel import FrameError, make_tensor
@@ -46,7 +47,7 @@ RS, AG = "reduce_scatter_single", "all_gather_single"
 SAME = {"reduce_scatter": RS, "all_gather": AG}
 NAMES = {RS: "reduce_scatter_tensor / reduce_scatter_single (or reduce_scatter)",
          AG: "all_gather_into_tensor / all_gather_single (or all_gather)"}
-STATE_BYTES_PER_ELEMENT = {"sgd": 4, "adam": 8}  # momentum; Adam's exp_avg + exp_avg_sq (fp32)
+STATE_PER_ELEMENT = {"sgd": 1, "adam": 2}  # momentum; Adam's exp_avg + exp_avg_sq (any dtype)
 SHARE_SLACK = 1.25  # "≈ 1/N_d": a rank may hold up to 25 % more than an even flat shard
 
 
@@ -88,22 +89,42 @@ def _padded(tensors: list[torch.Tensor], p: int) -> torch.Tensor:
     return torch.cat([flat, flat.new_zeros(p * math.ceil(flat.numel() / p) - flat.numel())])
 
 
-def zero_contents(case: dict, p: int) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
-    """Per step of single-process training (float64): each rank's flat padded local gradient
-    (the mean loss over its slice of the batch: what its reduce-scatter should take in) and
-    the flat padded trainable parameters after the step (whose r-th S-element shard rank r's
-    all-gather should take in)."""
+def zero_contents(case: dict, p: int) -> list[tuple[list[list[torch.Tensor]], list[torch.Tensor]]]:
+    """Per step of single-process training (float64), per trainable parameter in model order:
+    each rank's local gradient (of the mean loss over its slice of the batch: what its
+    reduce-scatter carries, flattened and padded) and the parameter after the step (what the
+    all-gathers carry, shard by shard)."""
     steps, optimizer = case.get("steps", 3), case.get("optimizer", "sgd")
     out, grads = [], None
     for model in _training(case, steps=steps, optimizer=optimizer):
         params = [q for q in model.parameters() if q.requires_grad]
         if grads is not None:
-            out.append((grads, _padded(params, p)))
+            out.append((grads, [q.detach().reshape(-1).clone() for q in params]))
         grads = []
         for rank in range(p):
             x, y = (t.double() for t in local_batch(case, rank, p))
-            grads.append(_padded(list(torch.autograd.grad(F.mse_loss(model(x), y), params)), p))
+            grads.append([g.reshape(-1) for g in
+                          torch.autograd.grad(F.mse_loss(model(x), y), params)])
     return out
+
+
+def _block_order(gathered: torch.Tensor | None, blocks: list[torch.Tensor]) -> list[int] | None:
+    """The order in which a rank flattened the trainable parameters, read from what the ranks'
+    first all-gathers carried put together (`gathered`, p·S): block by block, the parameter
+    whose updated values come next. Model order is what `flatten_padded` of
+    ``model.parameters()`` gives; any other order is as correct. None: no order explains it."""
+    if gathered is None:
+        return None
+    order, at, left = [], 0, list(range(len(blocks)))
+    while left:
+        k = next((k for k in left if _close(gathered[at:at + blocks[k].numel()], blocks[k])),
+                 None)
+        if k is None:
+            return None
+        order.append(k)
+        left.remove(k)
+        at += blocks[k].numel()
+    return order
 
 
 def _calls(counts: dict[str, int]) -> str:
@@ -212,11 +233,11 @@ def judge_zero(r: CaseResult) -> Verdict:
 
 def judge_state(r: CaseResult) -> Verdict:
     opt = r.case.get("optimizer", "adam")
-    per = STATE_BYTES_PER_ELEMENT[opt]
+    per = STATE_PER_ELEMENT[opt]
     model = make_model(r.case)
     n = sum(p.numel() for p in model.parameters() if p.requires_grad)
     full, even = per * n, per * math.ceil(n / r.world_size)
-    got = [o.get("state_bytes") if isinstance(o, dict) else None for o in r.outputs]
+    got = [o.get("state_elements") if isinstance(o, dict) else None for o in r.outputs]
     for rank, b in enumerate(got):
         if not isinstance(b, int) or b < 0:
             return Verdict(False, f"rank {rank}: self.optimizer is not a torch optimizer; "
@@ -225,12 +246,13 @@ def judge_state(r: CaseResult) -> Verdict:
             return Verdict(False, f"rank {rank} holds no optimizer state after stepping "
                                   f"({_label(r)}): did the inner optimizer step?")
         if b >= full:
-            return Verdict(False, f"rank {rank} holds {b:,} bytes of {opt} state, the whole "
-                                  f"model's {full:,}: it steps on the full tensor, not on its "
-                                  f"1/{r.world_size} shard ({even:,} bytes) ({_label(r)})")
+            return Verdict(False, f"rank {rank} holds {b:,} elements of {opt} state, the "
+                                  f"whole model's {full:,}: it steps on the full tensor, not on "
+                                  f"its 1/{r.world_size} shard ({even:,} elements) "
+                                  f"({_label(r)})")
         if b > SHARE_SLACK * even:
-            return Verdict(False, f"rank {rank} holds {b:,} bytes of {opt} state; an even flat "
-                                  f"shard is {even:,} (1/{r.world_size} of {full:,}) "
+            return Verdict(False, f"rank {rank} holds {b:,} elements of {opt} state; an even "
+                                  f"flat shard is {even:,} (1/{r.world_size} of {full:,}) "
                                   f"({_label(r)})")
     return _zero_collectives(r)  # each rank received only its shard's gradient
 
@@ -256,14 +278,48 @@ def _counts(t) -> dict[str, int]:
 
 def _late_broadcast(t) -> bool:
     """A broadcast after the rank's first reduce-scatter or all-gather: inside training, where
-    it could move a gradient or parameters that the counted collectives should. Broadcasts
-    before (in a constructor) carry nothing the checks count."""
+    it could move a gradient or parameters that the counted collectives should."""
     started = False
     for o in t.ops:
         started = started or SAME.get(o.op, o.op) in (RS, AG)
         if started and o.op == "broadcast" and o.nbytes:
             return True
     return False
+
+
+def _foreign_broadcast(r: CaseResult) -> tuple[int, int] | None:
+    """(rank, call) of a broadcast whose root sent anything but initial parameter values (a
+    run of the case's initial parameters, flattened in order, trailing zeros of padding
+    allowed), or whose input the courier did not keep; None when every broadcast is a
+    constructor's habit of syncing the weights. Any other data (the batch, so that every rank
+    could train on all of it) fails, whenever it was sent."""
+    init = torch.cat([q.detach().reshape(-1).double() for q in make_model(r.case).parameters()])
+    for rank, t in enumerate(r.traffic):
+        for k, o in enumerate(x for x in t.ops if x.op == "broadcast"):
+            if o.peer != rank or not o.nbytes:
+                continue  # a receiving rank's input is only its buffer
+            got = _inputs(o)
+            if got is None:
+                return rank, k + 1
+            nonzero = got.nonzero()
+            got = got[:int(nonzero.max()) + 1] if nonzero.numel() else got[:0]
+            if got.numel() and not occurs(init, got):
+                return rank, k + 1
+    return None
+
+
+def _broadcast_verdict(r: CaseResult, t, rank: int, what: str) -> Verdict | None:
+    if _late_broadcast(t):
+        return Verdict(False, f"rank {rank} called broadcast during training: {what} moves "
+                              "data only by its reduce-scatter and all-gather (a broadcast is "
+                              "allowed in __init__ only, to sync the initial parameters)")
+    bad = _foreign_broadcast(r)
+    if bad is not None:
+        return Verdict(False, f"rank {bad[0]}'s broadcast {bad[1]} sent something other than "
+                              f"the initial parameters: {what} moves data only by its "
+                              "reduce-scatter and all-gather; a broadcast may only sync the "
+                              "initial weights")
+    return None
 
 
 def _zero_collectives(r: CaseResult) -> Verdict:
@@ -281,10 +337,9 @@ def _zero_collectives(r: CaseResult) -> Verdict:
             return Verdict(False, f"rank {rank} called all_reduce {calls['all_reduce']} times: "
                                   "ZeRO-2 reduce-scatters the gradient (each rank needs only its "
                                   "shard's sum), then all-gathers the parameters")
-        if _late_broadcast(t):
-            return Verdict(False, f"rank {rank} called broadcast during training: ZeRO-2's "
-                                  "step moves data only by its reduce-scatter and all-gather "
-                                  "(a broadcast is allowed in __init__ only)")
+        bad = _broadcast_verdict(r, t, rank, "ZeRO-2's step")
+        if bad is not None:
+            return bad
         got = {op: calls.get(op, 0) for op in want}
         if got != want:
             return Verdict(False, f"rank {rank} made {_calls(got)} in {steps} steps; expected "
@@ -316,23 +371,29 @@ def _inputs(op) -> torch.Tensor | None:
 def _zero_contents(r: CaseResult) -> Verdict:
     """What each step's collectives carried, from the courier's copies of their inputs: the
     reduce-scatter the rank's own flat padded gradient (or that over p: averaging first is
-    fine), the all-gather the rank's shard of the *updated parameters*. Right calls and shapes
-    can carry something else: all-gathering the summed gradient shards hands every rank the
-    whole gradient, and a full optimizer hidden anywhere then trains replicated."""
+    fine), the all-gather the rank's shard of the *updated parameters*, the parameters in any
+    one order (`_block_order`). Right calls and shapes can carry something else: all-gathering
+    the summed gradient shards hands every rank the whole gradient, and a full optimizer hidden
+    anywhere then trains replicated."""
     p = r.world_size
     per_step = zero_contents(r.case, p)
-    size = per_step[0][1].numel() // p
-    for rank, t in enumerate(r.traffic):
-        rs = [o for o in t.ops if SAME.get(o.op, o.op) == RS]
-        ag = [o for o in t.ops if SAME.get(o.op, o.op) == AG]
-        for step, ((grads, params), a, b) in enumerate(zip(per_step, rs, ag), 1):
-            got, want = _inputs(a), grads[rank]
+    rs = [[o for o in t.ops if SAME.get(o.op, o.op) == RS] for t in r.traffic]
+    ag = [[o for o in t.ops if SAME.get(o.op, o.op) == AG] for t in r.traffic]
+    firsts = [_inputs(a[0]) for a in ag]
+    gathered = None if any(f is None for f in firsts) else torch.cat(firsts)
+    order = _block_order(gathered, per_step[0][1]) or list(range(len(per_step[0][1])))
+    for step, (grads, params) in enumerate(per_step, 1):
+        flat = _padded([params[k] for k in order], p)
+        size = flat.numel() // p
+        for rank in range(p):
+            got = _inputs(rs[rank][step - 1])
+            want = _padded([grads[rank][k] for k in order], p)
             if not any(_close(got, want * c) for c in (1.0, 1.0 / p)):
                 return Verdict(False, f"rank {rank}'s reduce-scatter in step {step} did not take "
                                       f"in its flat padded gradient (of the loss on its own slice "
                                       f"of the batch, {p}·S = {want.numel()} elements, or that "
                                       f"divided by {p}): {_said(got, want)} ({_label(r)})")
-            got, want = _inputs(b), params[rank * size:(rank + 1) * size]
+            got, want = _inputs(ag[rank][step - 1]), flat[rank * size:(rank + 1) * size]
             if not _close(got, want):
                 return Verdict(False, f"rank {rank}'s all-gather in step {step} did not take in "
                                       f"its shard of the updated parameters (elements "
@@ -427,10 +488,16 @@ def judge_fsdp_traffic(r: CaseResult) -> Verdict:
         if not isinstance(held, int):
             return Verdict(False, f"rank {rank}: the harness's measure of what is held after "
                                   "forward did not come back (was _lab_harness changed?)")
+        if held and out.get("held_shard_view"):
+            return Verdict(False, f"rank {rank} still held {held:,} bytes of full parameters "
+                                  "after forward, among them the storage behind a unit's shard: "
+                                  "a slice of the flat vector is a view that keeps all of it; "
+                                  "clone your slice in __init__")
         if held:
             return Verdict(False, f"rank {rank} still held {held:,} bytes of gathered parameters "
-                                  "after forward (a tensor holding a unit's full weight, saved "
-                                  "for backward or kept anywhere else): release them right "
+                                  "after forward (a unit's full weight saved for backward or "
+                                  "kept anywhere else, gathered parts kept on the unit, or a "
+                                  "gather buffer zeroed instead of freed): release them right "
                                   "after use, save only x for backward, and gather the weight "
                                   "again in backward")
         calls = _counts(t)
@@ -438,10 +505,9 @@ def judge_fsdp_traffic(r: CaseResult) -> Verdict:
             return Verdict(False, f"rank {rank} called all_reduce: FSDP reduce-scatters the "
                                   "gradient, so each rank receives only its shard's sum "
                                   "((N−1)/N·Ψ per rank instead of 2(N−1)/N·Ψ)")
-        if _late_broadcast(t):
-            return Verdict(False, f"rank {rank} called broadcast during training: FSDP moves "
-                                  "parameters by all-gather and gradients by reduce-scatter "
-                                  "only (a broadcast is allowed in __init__ only)")
+        bad = _broadcast_verdict(r, t, rank, "FSDP")
+        if bad is not None:
+            return bad
         want = {AG: 2 * units * steps, RS: units * steps}
         got = {op: calls.get(op, 0) for op in want}
         if got != want:

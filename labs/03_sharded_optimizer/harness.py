@@ -131,9 +131,10 @@ def _model(call) -> nn.Sequential:
     return model
 
 
-def _state_bytes(optimizer) -> int:
-    """Bytes of the optimizer's per-element state (distinct storages of tensors with at least
-    one dimension: momentum, Adam's averages; not its 0-dim step counters). -1: no optimizer."""
+def _state_elements(optimizer) -> int:
+    """Elements of the optimizer's per-element state (distinct storages of tensors with at least
+    one dimension: momentum, Adam's averages; not its 0-dim step counters), whatever their
+    dtype (a float64 master shard holds as many as a float32 one). -1: no optimizer."""
     if not isinstance(getattr(optimizer, "state", None), dict):
         return -1
     seen = {}
@@ -141,7 +142,7 @@ def _state_bytes(optimizer) -> int:
         for value in state.values():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
                 storage = value.untyped_storage()
-                seen[storage.data_ptr()] = storage.nbytes()
+                seen[storage.data_ptr()] = storage.nbytes() // value.element_size()
     return sum(seen.values())
 
 
@@ -166,7 +167,7 @@ def _zero(student, call):
         F.mse_loss(model(x), y).backward()
         opt.step()
     return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "state_bytes": _state_bytes(getattr(opt, "optimizer", None))}
+            "state_elements": _state_elements(getattr(opt, "optimizer", None))}
 
 
 def _fsdp_model(student, call) -> nn.Sequential:
@@ -185,32 +186,50 @@ def _as(storage, dtype: torch.dtype, shift: int) -> torch.Tensor | None:
     return (part.clone() if shift else part).view(dtype)  # a view needs aligned elements
 
 
-def _contains(storage, weight: torch.Tensor) -> bool:
-    """Whether a storage holds `weight`'s values anywhere in it, at any byte offset (as a
-    unit's gathered flat vector, a view of its weight, or bytes kept at an odd offset do).
-    Storages freed in place (resize_(0), as torch FSDP releases) hold nothing."""
-    flat = weight.detach().reshape(-1)
-    try:
-        if storage.nbytes() < flat.numel() * flat.element_size() or storage.device.type == "meta":
+def occurs(values: torch.Tensor, pattern: torch.Tensor) -> bool:
+    """Whether flat `pattern` appears in flat `values` as a contiguous run, exactly. Every start
+    is a candidate; candidates are narrowed one pattern element at a time (O(len(values)) per
+    element while any survive), so decoys that repeat the first values cost no more."""
+    n, m = values.numel(), pattern.numel()
+    if m == 0 or n < m:
+        return m == 0
+    alive = values[:n - m + 1] == pattern[0]
+    for j in range(1, m):
+        if not bool(alive.any()):
             return False
-        flat = flat.to(storage.device)
-        for shift in range(flat.element_size()):
-            values = _as(storage, flat.dtype, shift)
-            if values is None or values.numel() < flat.numel():
-                continue
-            starts = (values[:values.numel() - flat.numel() + 1] == flat[0]).nonzero()
-            for i in starts.reshape(-1)[:64].tolist():  # random weights: few candidate starts
-                if torch.equal(values[i:i + flat.numel()], flat):
-                    return True
+        alive &= values[j:j + n - m + 1] == pattern[j]
+    return bool(alive.any())
+
+
+def _contains(storage, patterns: list[torch.Tensor]) -> bool:
+    """Whether a storage holds one of `patterns` (flat tensors of one dtype) anywhere in it, at
+    any byte offset (a unit's gathered flat vector, a view of its weight, pieces of it, bytes
+    kept at an odd offset). Storages freed in place (resize_(0), as torch FSDP releases) hold
+    nothing."""
+    try:
+        if storage.device.type == "meta" or not patterns:
+            return False
+        dtype = patterns[0].dtype
+        smallest = min(t.numel() for t in patterns) * dtype.itemsize
+        if storage.nbytes() < smallest:
+            return False
+        patterns = [t.to(storage.device) for t in patterns]
+        for shift in range(dtype.itemsize):
+            values = _as(storage, dtype, shift)
+            if values is not None and any(occurs(values, t) for t in patterns):
+                return True
     except (RuntimeError, TypeError, NotImplementedError):
         return False
     return False
 
 
 def _storage(o):
-    """The storage behind a tensor, a storage object or a numpy array."""
+    """The storage behind a tensor (a dense copy of a sparse or mkldnn one), a storage object
+    or a numpy array."""
     if isinstance(o, torch.Tensor):
-        return None if o.is_meta or o.layout != torch.strided else o.untyped_storage()
+        if o.is_meta:
+            return None
+        return (o if o.layout == torch.strided else o.to_dense()).untyped_storage()
     if isinstance(o, torch.UntypedStorage):
         return o
     if isinstance(o, torch.TypedStorage):
@@ -225,9 +244,9 @@ def _storage(o):
 
 
 def _live_storages() -> list:
-    """Every storage this process's garbage collector reaches, after a collection: behind any
-    tensor, storage object or numpy array it tracks or that a tracked object refers to directly
-    (a ctx attribute, a list, a closure, a dict)."""
+    """Every storage this process's garbage collector reaches, after a collection, each once:
+    behind any tensor, storage object or numpy array it tracks or that a tracked object refers
+    to directly (a ctx attribute, a list, a closure, a dict)."""
     kinds = (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)
     if "numpy" in sys.modules:
         kinds += (sys.modules["numpy"].ndarray,)
@@ -239,25 +258,55 @@ def _live_storages() -> list:
         hits = [o for o in itertools.chain(tracked, gc.get_referents(*tracked))
                 if isinstance(o, kinds)]
         del tracked
-        found = []
+        found = {}
         for o in hits:
             try:
                 storage = _storage(o)
             except (RuntimeError, TypeError, ValueError, NotImplementedError):
                 continue
-            if storage is not None:
-                found.append(storage)
-        return found
+            if storage is not None:  # many views of one storage: searched once
+                found.setdefault((storage.data_ptr(), storage.nbytes()), storage)
+        return list(found.values())
 
 
-def _held_after_forward(model: nn.Sequential, x: torch.Tensor, init: list[torch.Tensor],
+def _unit_patterns(weight: torch.Tensor) -> list[torch.Tensor]:
+    """What a rank must not hold after forward, for one unit: its full weight, as is and
+    transposed. Other ranks' chunks are not searched for: S elements are few enough that a
+    live buffer reusing freed memory (never written since) can hold one by chance;
+    `_unit_buffers` finds a gathered copy kept in pieces on the unit instead."""
+    return [weight.reshape(-1), weight.t().reshape(-1)]
+
+
+def _unit_buffers(unit) -> list:
+    """Storages the unit keeps in its attributes (one level into lists, tuples and dicts,
+    ``_parameters`` included), other than its shard, when together they are at least as large
+    as its full flat parameters: the gathered parts of the list form kept after release, or a
+    gather buffer that "release" only zeroed, still hold that memory."""
+    full = (unit.in_features + 1) * unit.out_features * unit.shard.element_size()
+    mine = unit.shard.untyped_storage().data_ptr()
+    found = {}
+    for value in vars(unit).values():
+        items = value.values() if isinstance(value, dict) else \
+            value if isinstance(value, (list, tuple)) else [value]
+        for o in items:
+            if isinstance(o, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
+                storage = _storage(o)
+                if storage is not None and storage.data_ptr() != mine:
+                    found[storage.data_ptr()] = storage
+    return list(found.values()) if sum(s.nbytes() for s in found.values()) >= full else []
+
+
+def _held_after_forward(model: nn.Sequential, x: torch.Tensor, dense: list[nn.Linear],
                         mine: list[torch.Tensor]):
-    """Bytes of gathered parameters still alive after the first forward: any live storage
-    (saved for backward, or held as a tensor, a storage or a numpy array anywhere the garbage
-    collector sees) that holds a unit's full weight, recognised by its values (known before
-    training). `mine`: the harness's own tensors with those values (the grader's inputs and
-    `init`), not counted. A copy in another form (a list of floats, another dtype) is not
-    seen: this catches the ordinary mistake, a gathered weight saved for backward."""
+    """(bytes, whether a unit's shard is among them) of gathered parameters still alive after
+    the first forward: any live storage (saved for backward, or behind a tensor, a storage or a
+    numpy array anywhere the garbage collector sees) that holds a unit's full weight, as is or
+    transposed (`_unit_patterns`, values known before training), and what the unit keeps in
+    its attributes when that adds up to its full parameters (`_unit_buffers`). `mine`: the
+    harness's own tensors with those values (the grader's inputs and `dense`), not counted. A
+    copy in another form (a list of floats, another dtype, negated) is not seen: this catches
+    the ordinary mistakes (a gathered weight saved for backward, gathered parts kept, a buffer
+    zeroed instead of freed)."""
     saved: list[torch.Tensor] = []
 
     def pack(t):
@@ -266,36 +315,44 @@ def _held_after_forward(model: nn.Sequential, x: torch.Tensor, init: list[torch.
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = model(x)
-    ours = {t.untyped_storage().data_ptr() for t in mine}
+    units = [m for m in model if hasattr(m, "shard")]
+    patterns = [t for m in dense for t in _unit_patterns(m.weight.detach())]
+    ours = {t.untyped_storage().data_ptr() for t in mine + patterns}  # the search's own too
     held = {}
     for storage in [t.untyped_storage() for t in saved] + _live_storages():
         key = storage.data_ptr()
         if key in ours or key in held or storage.nbytes() == 0:
             continue
-        if any(_contains(storage, weight) for weight in init):
+        if _contains(storage, patterns):
             held[key] = storage.nbytes()
-    return out, sum(held.values())
+    for unit in units:
+        for storage in _unit_buffers(unit):
+            if storage.data_ptr() not in ours:
+                held[storage.data_ptr()] = storage.nbytes()
+    shard_view = any(u.shard.untyped_storage().data_ptr() in held for u in units)
+    return out, sum(held.values()), shard_view
 
 
 def _fsdp(student, call):
     model = _fsdp_model(student, call)
     units = [m for m in model if hasattr(m, "shard")]
     init_shards = [u.shard.detach().clone() for u in units]
-    init = [m.weight.detach() for m in _model(call) if isinstance(m, nn.Linear)]
+    dense = [m for m in _model(call) if isinstance(m, nn.Linear)]
     opt = SGD([u.shard for u in units], **OPTIMIZERS["plain_sgd"][2])
     x, y = (t.to(call.device) for t in call.inputs["batch"])
-    held = None
+    held = shard_view = None
     for step in range(call.case.get("steps", 2)):
         opt.zero_grad()
         if step == 0 and call.case.get("release"):  # the walk costs ~0.5 s: where judged
-            mine = init + [v for v in call.inputs["state"].values()]
-            out, held = _held_after_forward(model, x, init, mine)
+            mine = [t for m in dense for t in (m.weight, m.bias)] + \
+                list(call.inputs["state"].values())
+            out, held, shard_view = _held_after_forward(model, x, dense, mine)
         else:
             out = model(x)
         F.mse_loss(out, y).backward()
         opt.step()
     return {"init_shards": init_shards, "shards": [u.shard.detach().clone() for u in units],
-            "held_after_forward": held}
+            "held_after_forward": held, "held_shard_view": shard_view}
 
 
 def _fsdp_state(student, call):
