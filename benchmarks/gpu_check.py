@@ -128,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             [py, str(bench / "collectives.py"), "--backend", args.backend,
              "--algorithms", "ring,tree,ps,sharded_ps,torch", "--sizes", sizes,
              "--world-sizes", ",".join(ranks), "--out", str(out)]
-            + (["--repeats", steps] if steps else []), out / "collectives.txt", 3600)),
+            # quick: a fixed number of rounds, none added to pin the ratio down
+            + (["--repeats", steps, "--max-repeats", steps] if steps else []),
+            out / "collectives.txt", 3600)),
         ("DDP step", lambda: _stream(
             [py, str(bench / "ddp_step.py"), "--backend", args.backend, "--ranks", *ranks,
              "--out", str(out / "ddp_step.csv"), *small], out / "ddp_step.txt", 1800)),
