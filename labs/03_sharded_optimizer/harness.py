@@ -203,8 +203,8 @@ def occurs(values: torch.Tensor, pattern: torch.Tensor) -> bool:
 
 def _contains(storage, patterns: list[torch.Tensor]) -> bool:
     """Whether a storage holds one of `patterns` (flat tensors of one dtype) anywhere in it, at
-    any byte offset (a unit's gathered flat vector, a view of its weight, pieces of it, bytes
-    kept at an odd offset). Storages freed in place (resize_(0), as torch FSDP releases) hold
+    any byte offset (a unit's gathered flat vector, a view of its weight, bytes kept at an odd
+    offset or after decoys). Storages freed in place (resize_(0), as torch FSDP releases) hold
     nothing."""
     try:
         if storage.device.type == "meta" or not patterns:
