@@ -1,9 +1,10 @@
 """Lab 03's checks rest on the case and the courier's record, not on the rank's rows or on what
-it keeps at agreed names or in agreed forms (red-team passes 3-5): each file in
+it keeps at agreed names or in agreed forms (red-team passes 3-6): each file in
 tests/faults/03_sharded_optimizer/ is the reference with one change appended (the later
 definition wins), graded on the first case of the visible checks it names (real ranks). A cheat
 loses the checks it targets and keeps the others; the fair variants (the list form of
-all_gather, parameters flattened in another order, a float64 master shard) pass. The
+all_gather, parameters flattened in another order, a float64 master shard, x kept on the
+unit, one broadcast of the flat initial parameters) pass. The
 reference's full marks are tested with every lab in test_autograder.py."""
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ CASES = {
                         STATE: (False, [r"rank 0's all-gather in step 1 did not take in its "
                                         r"shard of the updated parameters"])},
     "zero_hooks_broadcast": {ZERO: (True, []),
-                             STATE: (False, [r"rank 0's broadcast 1 sent something other than "
-                                             r"the initial parameters"])},
+                             STATE: (False, [r"rank 0's broadcast 1: it sent something "
+                                             r"other than the initial parameters"])},
     "fsdp_list_parts": {FSDP: (True, []),
                         RELEASE: (False, [r"rank 0 still held \d[\d,]* bytes of gathered "
                                           r"parameters after forward"])},
@@ -40,6 +41,12 @@ CASES = {
                            RELEASE: (False, [r"rank 0 still held \d[\d,]* bytes of gathered "
                                              r"parameters after forward"])},
     "fair_zero_reversed": {ZERO: (True, []), STATE: (True, [])},
+    "zero_signed_zeros": {ZERO: (True, []), STATE: (False, [r"rank 0's broadcast \d+: "])},
+    "fsdp_parts_own_slot": {FSDP: (True, []),
+                            RELEASE: (False, [r"rank 0 still held \d[\d,]* bytes of gathered "
+                                              r"parameters after forward"])},
+    "fair_fsdp_input_on_unit": {FSDP: (True, []), RELEASE: (True, [])},
+    "fair_zero_reversed_flat_bcast": {ZERO: (True, []), STATE: (True, [])},
     "fair_zero_master64": {ZERO: (True, []), STATE: (True, [])},
     "fsdp_storage": {FSDP: (True, []),
                      RELEASE: (False, [r"rank 0 still held \d[\d,]* bytes of gathered "

@@ -280,7 +280,7 @@ def test_a_broadcast_may_only_sync_the_initial_weights():
     x, _ = harness.local_batch(ZERO, 0, W)
     v = checks["judge_zero_traffic"](_zero_result(ZERO, _zero_outputs(),
                                                   extra=[("broadcast", x.reshape(-1))]))
-    assert not v.passed and "rank 0's broadcast 1 sent something other than the initial " \
+    assert not v.passed and "rank 0's broadcast 1: it sent something other than the initial " \
         "parameters" in v.message, v.message
 
 
@@ -293,3 +293,27 @@ def test_any_flattening_order_is_fair():
     # all-gathering gradients shows no parameter order: judged in model order, it fails
     assert not checks["judge_state"](_zero_result(adam, small, order=[3, 2, 1, 0],
                                                   gather="grads")).passed
+
+
+def test_what_a_unit_keeps_counts_only_when_it_is_gathered_memory():
+    """Red team 6: the list form's parts kept on the unit (with the rank's own slot being its
+    shard, or nested in a dict) hold other ranks' chunks; a gather buffer zeroed instead of
+    freed is all zero and p·S long. An activation kept on the unit (x for backward) or a small
+    zero buffer is neither (a correct FSDP may keep them)."""
+    w, b = torch.randn(6, 5), torch.randn(6)
+    flat = torch.cat([w.reshape(-1), b])  # 36 elements: S = 18 at 2 ranks
+
+    class Unit:
+        pass
+
+    def kept(**attrs):
+        unit = Unit()
+        unit.shard = flat[:18].clone()  # rank 0's shard
+        for k, v in attrs.items():
+            setattr(unit, k, v)
+        return harness._unit_buffers(unit, w, b, 2, 0)
+
+    assert kept(parts=[flat[18:].clone()])
+    assert kept(cache={"parts": [[flat[18:].clone()]]})
+    assert kept(buf=torch.zeros(36))
+    assert not kept(x=torch.randn(6, 5), out=torch.randn(6, 6), grad_buf=torch.zeros(18))

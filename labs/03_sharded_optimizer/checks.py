@@ -287,24 +287,51 @@ def _late_broadcast(t) -> bool:
     return False
 
 
-def _foreign_broadcast(r: CaseResult) -> tuple[int, int] | None:
-    """(rank, call) of a broadcast whose root sent anything but initial parameter values (a
-    run of the case's initial parameters, flattened in order, trailing zeros of padding
-    allowed), or whose input the courier did not keep; None when every broadcast is a
+def _is_parameters(got: torch.Tensor, blocks: list[torch.Tensor]) -> bool:
+    """Whether `got` (a broadcast's input, +0.0 padding stripped) is initial parameter values:
+    a run of them flattened in model order (all parameters, or the trainable ones), or whole
+    parameters back to back in any order (a flat vector in another order)."""
+    trainable = [b for b, q in blocks if q]
+    if any(occurs(torch.cat(seq), got) for seq in ([b for b, _ in blocks], trainable) if seq):
+        return True
+    at, left = 0, [b for b, _ in blocks]
+    while at < got.numel():
+        k = next((k for k, b in enumerate(left)
+                  if torch.equal(got[at:at + b.numel()], b)), None)
+        if k is None:
+            return False
+        at += left.pop(k).numel()
+    return True
+
+
+def _foreign_broadcast(r: CaseResult) -> tuple[int, int, str] | None:
+    """(rank, call, why) of a broadcast whose root sent anything but initial parameter values
+    (`_is_parameters`; padding must be +0.0: a −0.0 carries a bit), or whose input the courier did
+    not keep, or of the broadcast past one copy of the parameters: the case's roots together may
+    send at most as many calls as the model has parameter tensors and as many elements as it has
+    parameters (so the choice of runs cannot carry data either). None when every broadcast is a
     constructor's habit of syncing the weights. Any other data (the batch, so that every rank
     could train on all of it) fails, whenever it was sent."""
-    init = torch.cat([q.detach().reshape(-1).double() for q in make_model(r.case).parameters()])
+    params = list(make_model(r.case).parameters())
+    blocks = [(q.detach().reshape(-1).double(), q.requires_grad) for q in params]
+    calls, elements = 0, 0
     for rank, t in enumerate(r.traffic):
         for k, o in enumerate(x for x in t.ops if x.op == "broadcast"):
             if o.peer != rank or not o.nbytes:
                 continue  # a receiving rank's input is only its buffer
             got = _inputs(o)
             if got is None:
-                return rank, k + 1
-            nonzero = got.nonzero()
-            got = got[:int(nonzero.max()) + 1] if nonzero.numel() else got[:0]
-            if got.numel() and not occurs(init, got):
-                return rank, k + 1
+                return rank, k + 1, "the courier kept no readable copy of it"
+            data = ((got != 0) | torch.signbit(got)).nonzero()
+            got = got[:int(data.max()) + 1] if data.numel() else got[:0]  # +0.0 padding off
+            calls, elements = calls + 1, elements + got.numel()
+            if calls > len(params) or elements > sum(q.numel() for q in params):
+                return rank, k + 1, (f"the ranks broadcast more than one copy of the parameters "
+                                     f"({calls} calls, {elements} elements; the model has "
+                                     f"{len(params)} tensors, {sum(q.numel() for q in params)} "
+                                     "elements)")
+            if got.numel() and not _is_parameters(got, blocks):
+                return rank, k + 1, "it sent something other than the initial parameters"
     return None
 
 
@@ -315,10 +342,9 @@ def _broadcast_verdict(r: CaseResult, t, rank: int, what: str) -> Verdict | None
                               "allowed in __init__ only, to sync the initial parameters)")
     bad = _foreign_broadcast(r)
     if bad is not None:
-        return Verdict(False, f"rank {bad[0]}'s broadcast {bad[1]} sent something other than "
-                              f"the initial parameters: {what} moves data only by its "
-                              "reduce-scatter and all-gather; a broadcast may only sync the "
-                              "initial weights")
+        return Verdict(False, f"rank {bad[0]}'s broadcast {bad[1]}: {bad[2]}. {what} moves "
+                              "data only by its reduce-scatter and all-gather; a broadcast may "
+                              "only sync the initial weights, once")
     return None
 
 

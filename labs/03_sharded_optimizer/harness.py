@@ -270,39 +270,63 @@ def _live_storages() -> list:
 
 
 def _unit_patterns(weight: torch.Tensor) -> list[torch.Tensor]:
-    """What a rank must not hold after forward, for one unit: its full weight, as is and
-    transposed. Other ranks' chunks are not searched for: S elements are few enough that a
-    live buffer reusing freed memory (never written since) can hold one by chance;
-    `_unit_buffers` finds a gathered copy kept in pieces on the unit instead."""
+    """What a rank must not hold anywhere after forward, for one unit: its full weight, as is
+    and transposed. Other ranks' chunks are searched for only on the unit (`_unit_buffers`):
+    S elements are few enough that a live buffer elsewhere reusing freed memory (never written
+    since) can hold one by chance."""
     return [weight.reshape(-1), weight.t().reshape(-1)]
 
 
-def _unit_buffers(unit) -> list:
-    """Storages the unit keeps in its attributes (one level into lists, tuples and dicts,
-    ``_parameters`` included), other than its shard, when together they are at least as large
-    as its full flat parameters: the gathered parts of the list form kept after release, or a
-    gather buffer that "release" only zeroed, still hold that memory."""
-    full = (unit.in_features + 1) * unit.out_features * unit.shard.element_size()
+def _others_chunks(weight: torch.Tensor, bias: torch.Tensor, p: int, rank: int):
+    """The other ranks' chunks of the unit's flat (weight, bias) vector, padding left out."""
+    flat = torch.cat([weight.detach().reshape(-1), bias.detach().reshape(-1)])
+    size = -(-flat.numel() // p)
+    chunks = [flat[k * size:(k + 1) * size] for k in range(p) if k != rank]
+    return [c for c in chunks if c.numel()], size
+
+
+def _attributes(value, depth: int = 3):
+    """Tensors and storages in a unit attribute, into lists, tuples and dicts (depth 3)."""
+    if isinstance(value, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
+        yield value
+    elif depth and isinstance(value, dict):
+        for v in list(value.values())[:1000]:
+            yield from _attributes(v, depth - 1)
+    elif depth and isinstance(value, (list, tuple)):
+        for v in list(value)[:1000]:
+            yield from _attributes(v, depth - 1)
+
+
+def _unit_buffers(unit, weight: torch.Tensor, bias: torch.Tensor, p: int, rank: int) -> list:
+    """Storages the unit keeps in its attributes (into lists, tuples and dicts, ``_parameters``
+    included), other than its shard, that hold another rank's chunk of its parameters (the
+    list form's parts kept after release, its own slot or not) or are a gather buffer that
+    "release" only zeroed (all zero, at least p·S elements: a buffer as large as the gathered
+    unit). An activation kept on the unit
+    (x for backward) holds neither."""
+    chunks, size = _others_chunks(weight, bias, p, rank)
     mine = unit.shard.untyped_storage().data_ptr()
     found = {}
     for value in vars(unit).values():
-        items = value.values() if isinstance(value, dict) else \
-            value if isinstance(value, (list, tuple)) else [value]
-        for o in items:
-            if isinstance(o, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
-                storage = _storage(o)
-                if storage is not None and storage.data_ptr() != mine:
-                    found[storage.data_ptr()] = storage
-    return list(found.values()) if sum(s.nbytes() for s in found.values()) >= full else []
+        for o in _attributes(value):
+            storage = _storage(o)
+            if storage is None or storage.data_ptr() == mine or not storage.nbytes():
+                continue
+            zeroed = (storage.nbytes() >= p * size * weight.element_size()
+                      and not bool(_as(storage, torch.uint8, 0).any()))
+            if zeroed or _contains(storage, chunks):
+                found[storage.data_ptr()] = storage
+    return list(found.values())
 
 
 def _held_after_forward(model: nn.Sequential, x: torch.Tensor, dense: list[nn.Linear],
-                        mine: list[torch.Tensor]):
+                        mine: list[torch.Tensor], rank: int, world_size: int):
     """(bytes, whether a unit's shard is among them) of gathered parameters still alive after
     the first forward: any live storage (saved for backward, or behind a tensor, a storage or a
     numpy array anywhere the garbage collector sees) that holds a unit's full weight, as is or
     transposed (`_unit_patterns`, values known before training), and what the unit keeps in
-    its attributes when that adds up to its full parameters (`_unit_buffers`). `mine`: the
+    its attributes that holds other ranks' chunks or is a zeroed gather buffer
+    (`_unit_buffers`). `mine`: the
     harness's own tensors with those values (the grader's inputs and `dense`), not counted. A
     copy in another form (a list of floats, another dtype, negated) is not seen: this catches
     the ordinary mistakes (a gathered weight saved for backward, gathered parts kept, a buffer
@@ -325,8 +349,8 @@ def _held_after_forward(model: nn.Sequential, x: torch.Tensor, dense: list[nn.Li
             continue
         if _contains(storage, patterns):
             held[key] = storage.nbytes()
-    for unit in units:
-        for storage in _unit_buffers(unit):
+    for unit, m in zip(units, dense):
+        for storage in _unit_buffers(unit, m.weight, m.bias, world_size, rank):
             if storage.data_ptr() not in ours:
                 held[storage.data_ptr()] = storage.nbytes()
     shard_view = any(u.shard.untyped_storage().data_ptr() in held for u in units)
@@ -346,7 +370,8 @@ def _fsdp(student, call):
         if step == 0 and call.case.get("release"):  # the walk costs ~0.5 s: where judged
             mine = [t for m in dense for t in (m.weight, m.bias)] + \
                 list(call.inputs["state"].values())
-            out, held, shard_view = _held_after_forward(model, x, dense, mine)
+            out, held, shard_view = _held_after_forward(model, x, dense, mine, call.rank,
+                                                        call.world_size)
         else:
             out = model(x)
         F.mse_loss(out, y).backward()
