@@ -40,6 +40,18 @@ def close(got: torch.Tensor, want: torch.Tensor) -> bool:
     return torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol)
 
 
+def kept_input(op) -> torch.Tensor | None:
+    """What a rank passed into a collective, as the courier kept it (`Op.data`, all inputs end
+    to end), flat, in its own dtype; None when not kept (past KEEP_BYTES) or not readable."""
+    kind = getattr(torch, str(op.dtype), None)
+    if op.data is None or not isinstance(kind, torch.dtype):
+        return None
+    try:
+        return make_tensor(op.dtype, [len(op.data) // kind.itemsize], op.data)
+    except FrameError:
+        return None
+
+
 def describe(got, want: torch.Tensor) -> str:
     """Where `got` first differs from `want`, in words: type, shape, dtype or the element."""
     if not isinstance(got, torch.Tensor):

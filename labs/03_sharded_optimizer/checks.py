@@ -25,9 +25,8 @@ from torch import nn
 
 from _lab_harness import (OPTIMIZERS, local_batch, make_data,  # the lab's harness.py
                           make_model, occurs)
-from autograder.feedback import describe
+from autograder.feedback import describe, kept_input
 from autograder.lab import CaseResult, Check, LabInfo, Verdict, one_row_each
-from autograder.sandbox.channel import FrameError, make_tensor
 
 LAB = LabInfo(
     slug="03_sharded_optimizer",
@@ -108,23 +107,28 @@ def zero_contents(case: dict, p: int) -> list[tuple[list[list[torch.Tensor]], li
     return out
 
 
-def _block_order(gathered: torch.Tensor | None, blocks: list[torch.Tensor]) -> list[int] | None:
-    """The order in which a rank flattened the trainable parameters, read from what the ranks'
-    first all-gathers carried put together (`gathered`, p·S): block by block, the parameter
-    whose updated values come next. Model order is what `flatten_padded` of
-    ``model.parameters()`` gives; any other order is as correct. None: no order explains it."""
-    if gathered is None:
-        return None
+def _in_blocks(values: torch.Tensor, blocks: list[torch.Tensor], same) -> list[int] | None:
+    """`values` read as whole blocks back to back, each used once, in any order: the indices
+    in the order found, until `values` or the blocks run out (what is left after them is not
+    read); None when no unused block matches (`same(piece, block)`) where one must start."""
     order, at, left = [], 0, list(range(len(blocks)))
-    while left:
-        k = next((k for k in left if _close(gathered[at:at + blocks[k].numel()], blocks[k])),
-                 None)
+    while left and at < values.numel():
+        k = next((k for k in left if same(values[at:at + blocks[k].numel()], blocks[k])), None)
         if k is None:
             return None
         order.append(k)
         left.remove(k)
         at += blocks[k].numel()
     return order
+
+
+def _block_order(gathered: torch.Tensor | None, blocks: list[torch.Tensor]) -> list[int] | None:
+    """The order in which a rank flattened the trainable parameters, read from what the ranks'
+    first all-gathers carried put together (`gathered`, p·S, padding last): the parameter whose
+    updated values come next, block by block. Model order is what `flatten_padded` of
+    ``model.parameters()`` gives; any other order is as correct. None: no order explains it."""
+    order = None if gathered is None else _in_blocks(gathered, blocks, _close)
+    return order if order is not None and len(order) == len(blocks) else None
 
 
 def _calls(counts: dict[str, int]) -> str:
@@ -294,14 +298,9 @@ def _is_parameters(got: torch.Tensor, blocks: list[torch.Tensor]) -> bool:
     trainable = [b for b, q in blocks if q]
     if any(occurs(torch.cat(seq), got) for seq in ([b for b, _ in blocks], trainable) if seq):
         return True
-    at, left = 0, [b for b, _ in blocks]
-    while at < got.numel():
-        k = next((k for k, b in enumerate(left)
-                  if torch.equal(got[at:at + b.numel()], b)), None)
-        if k is None:
-            return False
-        at += left.pop(k).numel()
-    return True
+    values = [b for b, _ in blocks]
+    order = _in_blocks(got, values, torch.equal)
+    return order is not None and sum(values[k].numel() for k in order) == got.numel()
 
 
 def _foreign_broadcast(r: CaseResult) -> tuple[int, int, str] | None:
@@ -335,17 +334,21 @@ def _foreign_broadcast(r: CaseResult) -> tuple[int, int, str] | None:
     return None
 
 
-def _broadcast_verdict(r: CaseResult, t, rank: int, what: str) -> Verdict | None:
+def _late_verdict(t, rank: int, what: str) -> Verdict | None:
     if _late_broadcast(t):
         return Verdict(False, f"rank {rank} called broadcast during training: {what} moves "
                               "data only by its reduce-scatter and all-gather (a broadcast is "
                               "allowed in __init__ only, to sync the initial parameters)")
+    return None
+
+
+def _foreign_verdict(r: CaseResult, what: str) -> Verdict:
     bad = _foreign_broadcast(r)
     if bad is not None:
         return Verdict(False, f"rank {bad[0]}'s broadcast {bad[1]}: {bad[2]}. {what} moves "
                               "data only by its reduce-scatter and all-gather; a broadcast may "
                               "only sync the initial weights, once")
-    return None
+    return Verdict(True)
 
 
 def _zero_collectives(r: CaseResult) -> Verdict:
@@ -363,7 +366,7 @@ def _zero_collectives(r: CaseResult) -> Verdict:
             return Verdict(False, f"rank {rank} called all_reduce {calls['all_reduce']} times: "
                                   "ZeRO-2 reduce-scatters the gradient (each rank needs only its "
                                   "shard's sum), then all-gathers the parameters")
-        bad = _broadcast_verdict(r, t, rank, "ZeRO-2's step")
+        bad = _late_verdict(t, rank, "ZeRO-2's step")
         if bad is not None:
             return bad
         got = {op: calls.get(op, 0) for op in want}
@@ -378,20 +381,14 @@ def _zero_collectives(r: CaseResult) -> Verdict:
                                   f"make shards of S = ⌈{n}/{p}⌉ = {size}: each reduce-scatter "
                                   f"takes the flat padded gradient (p·S = {p * size}) and "
                                   f"returns S, each all-gather takes the S-element shard")
-    return _zero_contents(r)
+    foreign = _foreign_verdict(r, "ZeRO-2's step")
+    return _zero_contents(r) if foreign.passed else foreign
 
 
 def _inputs(op) -> torch.Tensor | None:
-    """What a rank passed into a collective (the courier's copy, all inputs end to end), flat,
-    float64; None when the courier did not keep it or it does not read as its dtype."""
-    dtype = getattr(torch, str(op.dtype), None)
-    if op.data is None or not isinstance(dtype, torch.dtype):
-        return None
-    try:
-        item = torch.empty(0, dtype=dtype).element_size()
-        return make_tensor(op.dtype, [len(op.data) // item], op.data).double()
-    except (FrameError, RuntimeError, TypeError):
-        return None
+    """What a rank passed into a collective (`kept_input`), float64; None when not kept."""
+    got = kept_input(op)
+    return None if got is None else got.double()
 
 
 def _zero_contents(r: CaseResult) -> Verdict:
@@ -531,7 +528,7 @@ def judge_fsdp_traffic(r: CaseResult) -> Verdict:
             return Verdict(False, f"rank {rank} called all_reduce: FSDP reduce-scatters the "
                                   "gradient, so each rank receives only its shard's sum "
                                   "((N−1)/N·Ψ per rank instead of 2(N−1)/N·Ψ)")
-        bad = _broadcast_verdict(r, t, rank, "FSDP")
+        bad = _late_verdict(t, rank, "FSDP")
         if bad is not None:
             return bad
         want = {AG: 2 * units * steps, RS: units * steps}
@@ -546,7 +543,7 @@ def judge_fsdp_traffic(r: CaseResult) -> Verdict:
                                   f"reduce-scatters {rs} ({_label(r)}); the units' shards are "
                                   f"S = {shards}: each all-gather takes one unit's S-element "
                                   "shard, each reduce-scatter its flat padded gradient (p·S)")
-    return Verdict(True)
+    return _foreign_verdict(r, "FSDP")
 
 
 def judge_fsdp_state(r: CaseResult) -> Verdict:

@@ -21,8 +21,7 @@ from pathlib import Path
 import torch
 
 from _lab_harness import DTYPES  # the lab's harness.py (loaded under this name)
-from autograder.feedback import close
-from autograder.sandbox.channel import FrameError, make_tensor
+from autograder.feedback import close, kept_input
 from autograder.sandbox.courier import KEEP_BYTES
 from autograder.lab import CaseResult, Check, LabInfo, Verdict
 
@@ -189,15 +188,7 @@ def _matched(r: CaseResult, rank: int, slots) -> Verdict:
     return Verdict(True)
 
 
-def _tensor(op) -> torch.Tensor | None:
-    """The courier's copy of an all-reduce's input, flat, in its own dtype (so that `like`
-    applies that dtype's tolerance); None when not kept or not readable."""
-    if op.data is None:
-        return None
-    try:
-        return make_tensor(op.dtype, list(op.shape), op.data).reshape(-1)
-    except FrameError:
-        return None
+_tensor = kept_input  # flat, in its own dtype: `like` applies that dtype's tolerance
 
 
 def _carries(op, wants) -> bool:
