@@ -24,6 +24,13 @@ SLURM_STAMP   := $(VENV)/.slurm-tried
 NODE_STAMP    := $(VENV)/.node-tried
 SITE_ARGS ?=
 PYTEST_ARGS ?=
+# `make test` runs the suite in PYTEST_WORKERS pytest-xdist processes. Its tests spend about half
+# their time waiting (ranks on each other, launches, timeouts they provoke): one process kept 2
+# cores 40-50 % idle. Tests sharing a costly module fixture (JupyterLab and Chromium, a SLURM
+# cluster, a site build) carry an xdist_group mark and run on one worker (--dist loadgroup).
+# PYTEST_WORKERS=0 runs everything in one process, as a bare `pytest` does.
+PYTEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 GPU_CHECK_ARGS ?=
 
 .PHONY: lab test test-busy setup browser slurm node site bench gpu-check clean help
@@ -131,7 +138,7 @@ gpu-check: setup  ## GPU node: GPU tests, NCCL benchmarks, every lesson on NCCL 
 	$(BIN)/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 test: setup browser slurm node  ## run every test: unit, multi-rank, notebooks, lessons in a browser, SLURM
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 # The suite as a busy laptop runs it: BURNERS processes that spin on the CPU beside pytest (on 2
 # cores, one burner takes half the machine). Started and stopped here, whatever pytest does, so
@@ -141,7 +148,7 @@ test-busy: setup browser slurm node  ## run every test with BURNERS (default 1) 
 	@pids=""; for i in $$(seq $(BURNERS)); do sh -c 'while :; do :; done' & pids="$$pids $$!"; done; \
 	trap 'kill $$pids 2>/dev/null' INT TERM EXIT; \
 	echo "$(BURNERS) CPU burner(s) running beside the suite (pids$$pids)"; \
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 bench: setup  ## print every figure (benchmarks/): launcher, collectives, DDP, FSDP, memory, bubbles, lessons
 	$(BIN)/python benchmarks/launch_overhead.py

@@ -150,6 +150,9 @@ def fastest_lesson_with_a_figure() -> str:
 
 needs_node = pytest.mark.skipif(shutil.which("node") is None,
                                 reason="Jupyter Book 2 needs Node.js >= 18 (make node)")
+# The tests below share one build (the `site` fixture): under `make test` (pytest-xdist) they
+# run on one worker, so it is built once.
+one_build = pytest.mark.xdist_group("site")
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +186,7 @@ def parse(path: Path) -> Links:
 
 
 @needs_node
+@one_build
 @pytest.mark.slow
 def test_every_internal_link_of_the_site_resolves(site: tuple[Path, str]) -> None:
     html, lesson = site
@@ -225,6 +229,7 @@ def served(site: tuple[Path, str]) -> Iterator[str]:
 
 
 @needs_node
+@one_build
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (make browser)")
