@@ -95,9 +95,10 @@ def test_loopback_services_are_out_of_reach(lab01, tmp_path):
 
 
 def test_nothing_lands_in_dev_shm(lab01, tmp_path):
-    before = set(os.listdir("/dev/shm"))
+    # Only the fault's own names: other processes of the machine (Chromium, another pytest-xdist
+    # worker's ranks) may make and remove files in /dev/shm meanwhile.
     result, by_name = run_fault(lab01, "dev_shm", ["ar", "tree"], tmp_path)
-    assert set(os.listdir("/dev/shm")) - before == set()
+    assert [n for n in os.listdir("/dev/shm") if n.startswith("grade-leftover-")] == []
     assert_failed(by_name["ar"], "sandbox_violation", r"Permission denied: '/dev/shm/")
     assert_passed(by_name["tree"])
 

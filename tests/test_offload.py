@@ -34,11 +34,16 @@ def offload_leftovers() -> set[str]:
 
 
 @pytest.fixture(autouse=True)
-def no_files_left():
-    """Every test leaves the temporary folder as it found it."""
-    before = offload_leftovers()
+def no_files_left(tmp_path, monkeypatch):
+    """Every test leaves the temporary folder as it found it. The folder is the test's own
+    (tempfile's default and TMPDIR, which ranks inherit): another pytest-xdist worker's offload
+    folders, made and removed meanwhile in the machine's /tmp, are not this test's."""
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
     yield
-    assert offload_leftovers() <= before
+    assert offload_leftovers() == set()
 
 
 def train(model, opt, steps, x, y):
