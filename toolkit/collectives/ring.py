@@ -68,7 +68,7 @@ def drive_all_reduce(name: str, tensor: torch.Tensor, group, op: ReduceOpLike, c
     if check:
         agree(g, name, numel=tensor.numel(), dtype=tensor.dtype, device=tensor.device, op=op)
     flat, copied = flat_view(tensor)
-    run(g, list(flat.split(chunk_sizes(flat.numel(), g.size))), op)
+    run(g, list(flat.split_with_sizes(chunk_sizes(flat.numel(), g.size))), op)
     if copied:
         tensor.copy_(flat.view_as(tensor))
     return tensor
@@ -95,7 +95,7 @@ def drive_reduce_scatter(name: str, output: torch.Tensor, input: torch.Tensor, g
     if check:
         agree(g, name, numel=input.numel(), dtype=input.dtype, device=input.device, op=op)
     work = input.reshape(-1).clone()
-    chunks = list(work.split(sizes))
+    chunks = list(work.split_with_sizes(sizes))
     run(g, chunks, op)
     output.copy_(chunks[g.rank].view_as(output))
     return output
@@ -119,7 +119,7 @@ def drive_all_gather(name: str, output: torch.Tensor, input: torch.Tensor, group
     if check:
         agree(g, name, numel=output.numel(), dtype=output.dtype, device=output.device)
     flat, copied = flat_view(output)
-    chunks = list(flat.split(sizes))
+    chunks = list(flat.split_with_sizes(sizes))
     chunks[g.rank].copy_(input.reshape(-1))
     run(g, chunks)
     if copied:
