@@ -26,11 +26,11 @@ SITE_ARGS ?=
 PYTEST_ARGS ?=
 # `make test` runs the suite in PYTEST_WORKERS pytest-xdist processes. Its tests spend about half
 # their time waiting (ranks on each other, launches, timeouts they provoke): one process kept 2
-# cores 40-50 % idle. Tests sharing a costly module fixture (JupyterLab and Chromium, a SLURM
-# cluster, a site build) carry an xdist_group mark and run on one worker (--dist loadgroup).
-# PYTEST_WORKERS=0 runs everything in one process, as a bare `pytest` does.
+# cores 40-50 % idle. A notebook's cells, and the files whose tests share a costly module fixture
+# (JupyterLab and Chromium, a SLURM cluster, a site build), each run whole on one worker
+# (conftest.py: pytest_xdist_make_scheduler). PYTEST_WORKERS=0 runs everything in one process.
 PYTEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS)
 GPU_CHECK_ARGS ?=
 
 .PHONY: lab test test-busy setup browser slurm node site bench gpu-check clean help

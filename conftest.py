@@ -22,6 +22,32 @@ import pytest
 NBVAL_OUTPUT_WAIT_S = 60
 BROWSER_LESSON_TEST = "test_lesson_runs_and_draws_in_a_browser"
 
+ONE_WORKER_FILES = ("tests/test_browser.py", "tests/test_site.py", "tests/test_slurm.py")
+"""Test files run whole on one pytest-xdist worker: their tests share a costly module fixture
+(JupyterLab and Chromium, a site build, a SLURM cluster) that would otherwise start on both."""
+
+
+def one_worker_scope(nodeid: str) -> str:
+    """The unit of work `make test`'s pytest-xdist workers take (`ONE_WORKER_FILES`): a whole
+    file for those and for a notebook (nbval runs a notebook's cells in order in one kernel;
+    spread over two workers each ran only some cells: NameErrors), else the single test."""
+    path = nodeid.split("::", 1)[0]
+    return path if path in ONE_WORKER_FILES or path.endswith(".ipynb") else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; `make test` runs with -n 2
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's LoadScope scheduling (largest units first) over `one_worker_scope`. Not
+    `--dist loadgroup` with xdist_group marks: xdist 3.8 writes the group into `item._nodeid`,
+    which pytest 9 no longer reads, so the marks group nothing there."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return one_worker_scope(nodeid)
+
+    return OneWorkerScheduling(config, log)
+
 
 def _browser_lessons(items: list[pytest.Item]) -> set[str]:
     """Names of the lessons the browser test will run in this session."""

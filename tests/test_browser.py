@@ -55,9 +55,9 @@ SLIDERS = re.compile(r"\b(IntSlider|FloatSlider|FloatLogSlider|SelectionSlider)\
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
-# One JupyterLab and one Chromium for the module: under `make test` (pytest-xdist) every test of
-# it runs on the same worker, so they start once.
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.xdist_group("browser")]
+# One JupyterLab and one Chromium for the module: under `make test` (pytest-xdist) the whole
+# file runs on one worker (conftest.py's ONE_WORKER_FILES), so they start once.
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 if not CHROMIUM.exists():
     pytest.skip(f"{CHROMIUM} is missing (`make browser` installs it on Debian as root)",
                 allow_module_level=True)

@@ -150,9 +150,8 @@ def fastest_lesson_with_a_figure() -> str:
 
 needs_node = pytest.mark.skipif(shutil.which("node") is None,
                                 reason="Jupyter Book 2 needs Node.js >= 18 (make node)")
-# The tests below share one build (the `site` fixture): under `make test` (pytest-xdist) they
-# run on one worker, so it is built once.
-one_build = pytest.mark.xdist_group("site")
+# The tests below share one build (the `site` fixture): under `make test` (pytest-xdist) this
+# file runs on one worker (conftest.py's ONE_WORKER_FILES), so it is built once.
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +185,6 @@ def parse(path: Path) -> Links:
 
 
 @needs_node
-@one_build
 @pytest.mark.slow
 def test_every_internal_link_of_the_site_resolves(site: tuple[Path, str]) -> None:
     html, lesson = site
@@ -229,7 +227,6 @@ def served(site: tuple[Path, str]) -> Iterator[str]:
 
 
 @needs_node
-@one_build
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (make browser)")

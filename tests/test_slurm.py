@@ -23,9 +23,9 @@ WORKER = Path(__file__).with_name("torchrun_worker.py")
 REFERENCE = ROOT / "labs" / "01_collectives" / "collectives.py"
 FAULTS = Path(__file__).with_name("faults") / "01_collectives"
 
-# One cluster for the module: on one pytest-xdist worker, so it starts once.
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.multirank,
-              pytest.mark.xdist_group("slurm")]
+# One cluster for the module: on one pytest-xdist worker (conftest.py's ONE_WORKER_FILES), so it
+# starts once.
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.multirank]
 
 
 @pytest.fixture(scope="module")
