@@ -195,11 +195,18 @@ def long_sleep(rank, world_size):
 
 
 def test_ctrl_c_in_the_caller_stops_every_rank():
-    timer = threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT))
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        spawn(long_sleep, 2, timeout=60)
-    timer.join()
+    # Ctrl-C as Python delivers it by default: a process started in the background by a
+    # non-interactive shell (`make test &`, a CI step) inherits SIGINT ignored, and then no
+    # KeyboardInterrupt would come at all. Restored after.
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer = threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            spawn(long_sleep, 2, timeout=60)
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def test_without_waitid_deaths_and_results_are_still_seen(monkeypatch):
