@@ -323,7 +323,7 @@ def _foreign_broadcast(r: CaseResult) -> tuple[int, int, str] | None:
     could train on all of it) fails, whenever it was sent."""
     params = list(make_model(r.case).parameters())
     blocks = [(q.detach().reshape(-1).double(), q.requires_grad) for q in params]
-    calls, elements = 0, 0
+    calls, elements, total = 0, 0, sum(q.numel() for q in params)
     for rank, t in enumerate(r.traffic):
         for k, o in enumerate(x for x in t.ops if x.op == "broadcast"):
             if o.peer != rank or not o.nbytes:
@@ -334,11 +334,10 @@ def _foreign_broadcast(r: CaseResult) -> tuple[int, int, str] | None:
             data = ((got != 0) | torch.signbit(got)).nonzero()
             got = got[:int(data.max()) + 1] if data.numel() else got[:0]  # +0.0 padding off
             calls, elements = calls + 1, elements + got.numel()
-            if calls > len(params) or elements > sum(q.numel() for q in params):
+            if calls > len(params) or elements > total:
                 return rank, k + 1, (f"the ranks broadcast more than one copy of the parameters "
                                      f"({calls} calls, {elements} elements; the model has "
-                                     f"{len(params)} tensors, {sum(q.numel() for q in params)} "
-                                     "elements)")
+                                     f"{len(params)} tensors, {total} elements)")
             if got.numel() and not _is_parameters(got, blocks):
                 return rank, k + 1, "it sent something other than the initial parameters"
     return None

@@ -188,11 +188,8 @@ def _matched(r: CaseResult, rank: int, slots) -> Verdict:
     return Verdict(True)
 
 
-_tensor = kept_input  # flat, in its own dtype: `like` applies that dtype's tolerance
-
-
 def _carries(op, wants) -> bool:
-    got = _tensor(op)
+    got = kept_input(op)  # in its own dtype: `like` applies that dtype's tolerance
     return got is not None and any(like(got, w.reshape(-1)) for w, _ in wants)
 
 
@@ -205,7 +202,7 @@ def contents(r: CaseResult, rank: int, phase: str, op, piece: str) -> Verdict:
         return Verdict(False, f"rank {rank}'s {phase} all-reduce could not be checked: the ranks "
                               f"had passed more than the courier keeps per launch "
                               f"({KEEP_BYTES >> 20} MiB) before it ({_label(r)})")
-    got = _tensor(op)
+    got = kept_input(op)  # in its own dtype: `like` applies that dtype's tolerance
     first, what = contributions(r, rank)[phase][0]
     first = first.reshape(-1).to(got.dtype) if got is not None else first
     return Verdict(False, f"{piece}: rank {rank}'s {phase} all-reduce does not carry {what}: "
