@@ -67,12 +67,16 @@ def time_kernel(fn: Callable[[], object], *, trials: int = 9,
     wall, core = [], []
     for _ in range(trials):
         sync()
-        w, c = time.perf_counter(), time.thread_time()
+        # The CPU-time window lies inside the wall one (read after it opens, before it closes),
+        # so a trial's core time never exceeds its wall time, nor then a median the other's.
+        w = time.perf_counter()
+        c = time.thread_time()
         for _ in range(reps):
             fn()
         sync()
+        c = time.thread_time() - c
         wall.append((time.perf_counter() - w) / reps)
-        core.append((time.thread_time() - c) / reps if dev.type != "cuda" else wall[-1])
+        core.append(c / reps if dev.type != "cuda" else wall[-1])
     return {"wall": spread(wall), "core": spread(core)}
 
 
