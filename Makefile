@@ -17,7 +17,8 @@ VENV       := .venv
 BIN        := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.installed
-CHROMIUM   := /usr/bin/chromium
+# Elsewhere than Debian's path: CHROMIUM=/path/to/chromium (tests/chromium.py reads it too).
+CHROMIUM   ?= /usr/bin/chromium
 # Set once an apt-get install of Chromium was tried, so a failed one is not retried every run.
 BROWSER_STAMP := $(VENV)/.browser-tried
 SLURM_STAMP   := $(VENV)/.slurm-tried

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import nbformat
 import psutil
 import pytest
+from chromium import CHROMIUM, CHROMIUM_FLAGS, MISSING
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -44,11 +45,6 @@ SHOTS = ROOT / "build" / "browser"
 # failing lesson is always shot. Growing the window to a long notebook's height and encoding
 # the PNG took seconds per lesson on 2 cores, which the suite need not pay on a pass.
 SCREENSHOTS = os.environ.get("BROWSER_SHOTS") == "1"
-CHROMIUM = Path("/usr/bin/chromium")
-# Background networking, component updates and sync reach for Google's servers; on a closed
-# network they stall or crash the browser. QUIC likewise. Playwright adds a fresh user-data dir.
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 LESSON_TIMEOUT_S = 180.0   # Run All Cells to the last cell, per lesson
 SLIDER_TIMEOUT_S = 30.0    # a slider's redraw runs ranks again: about a second
 SLIDERS = re.compile(r"\b(IntSlider|FloatSlider|FloatLogSlider|SelectionSlider)\b")
@@ -59,8 +55,7 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 # file runs on one worker (conftest.py's ONE_WORKER_FILES), so they start once.
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} is missing (`make browser` installs it on Debian as root)",
-                allow_module_level=True)
+    pytest.skip(MISSING, allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]'")
 
 

@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 import nbformat
 import pytest
+from chromium import CHROMIUM, CHROMIUM_FLAGS, MISSING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "website"))
@@ -29,9 +30,6 @@ import site_render as render  # noqa: E402
 
 from toolkit.hub import lesson_resources  # noqa: E402
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 # -- which pages, in which order ----------------------------------------------------------------
@@ -229,7 +227,7 @@ def served(site: tuple[Path, str]) -> Iterator[str]:
 @needs_node
 @pytest.mark.slow
 @pytest.mark.browser
-@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (make browser)")
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=MISSING)
 def test_site_in_a_browser_landing_page_and_a_drawn_figure(site: tuple[Path, str],
                                                            served: str) -> None:
     sync_api = pytest.importorskip("playwright.sync_api")
