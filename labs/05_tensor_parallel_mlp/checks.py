@@ -12,10 +12,8 @@ moved an all-reduce out of both).
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
-import sys
 from pathlib import Path
 
 import torch
@@ -24,19 +22,11 @@ from _lab_harness import DTYPES  # the lab's harness.py (loaded under this name)
 from autograder.feedback import close, kept_input
 from autograder.sandbox.courier import KEEP_BYTES
 from autograder.lab import CaseResult, Check, LabInfo, Verdict
+from autograder.sandbox.rank import load_module
 
 
-def _sibling(name: str):
-    """This folder's `name`.py (the grader loads lab files by path, not from sys.path)."""
-    tag = f"_autograder_lab_05_tensor_parallel_mlp_{name}"
-    spec = importlib.util.spec_from_file_location(tag, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[tag] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_expected = _sibling("expected")
+# This folder's expected.py, loaded by path as the grader loads every lab file.
+_expected = load_module(Path(__file__).with_name("expected.py"), "_autograder_lab_05_expected")
 expected, diagnose, describe, like = (_expected.expected, _expected.diagnose,
                                       _expected.describe, _expected.like)
 contributions = _expected.contributions
