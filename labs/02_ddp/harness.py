@@ -39,12 +39,15 @@ from toolkit.models import TinyMLP
 BATCH = 8   # divisible by 2 and 4 ranks, and by 2 micro-batches at 4 ranks
 LR = 0.2    # plain SGD: p -= LR · grad (the grader's reference does the same in float64)
 DIMS = {"toy": (7, 5, 3), "mlp": (6, 10, 3)}  # (in, hidden, out): sizes p does not divide
+SLOPE = 0.1  # Toy's leaky ReLU: every layer passes some gradient back, whatever the seed
 
 
 class Toy(nn.Module):
-    """x → a → ReLU → ·scale → b → ReLU → [c, which may share b's weight] → ReLU → head,
+    """x → a → act → ·scale → b → act → [c, which may share b's weight] → act → head,
     plus ``side(x)`` when asked: a parameter that gets no gradient in a step that skips it.
-    ``scale`` is a buffer (broadcast with the parameters, never trained)."""
+    ``scale`` is a buffer (broadcast with the parameters, never trained). act is a leaky ReLU
+    (`SLOPE`): with a plain ReLU about 1 seed in 100 left c (or b) dead on the whole batch, so
+    that a, b and c got zero gradients and the grade could not see what DDP did with them."""
 
     def __init__(self, d_in: int, d_hid: int, d_out: int, *, tied: bool, side: bool) -> None:
         super().__init__()
@@ -57,8 +60,8 @@ class Toy(nn.Module):
         self.register_buffer("scale", 1 + 0.2 * torch.randn(d_hid))
 
     def forward(self, x: torch.Tensor, use_side: bool = False) -> torch.Tensor:
-        h = F.relu(self.a(x)) * self.scale
-        h = F.relu(self.c(F.relu(self.b(h))))
+        h = F.leaky_relu(self.a(x), SLOPE) * self.scale
+        h = F.leaky_relu(self.c(F.leaky_relu(self.b(h), SLOPE)), SLOPE)
         out = self.head(h)
         return out + self.side(x) if use_side and self.side is not None else out
 
