@@ -112,6 +112,18 @@ def test_the_right_outputs_pass():
     assert checks["judge_fsdp_traffic"](_result(FSDP, _fsdp_outputs(), CALLS)).passed
 
 
+def test_a_16_bit_collective_fails_even_when_its_rounding_stays_within_tolerance():
+    """The courier records each collective's dtype: a bfloat16 reduce-scatter breaks the lab's
+    float32 spec whatever the values; on most seeds they differ too (tests/faults/03_*/
+    zero_bf16_reduce_scatter.py), on a lucky one they would not."""
+    result = _zero_result(ZERO, _zero_outputs())
+    for t in result.traffic:
+        t.ops[0].dtype = "bfloat16"  # the first reduce-scatter, as the courier would name it
+    v = checks["judge_zero"](result)
+    assert not v.passed and "a collective carried bfloat16" in v.message
+    assert "rounding stayed within the tolerance" in v.message
+
+
 def _renamed(calls, old: str, new: str):
     return [(new if op == old else op, n) for op, n in calls]
 
