@@ -31,7 +31,6 @@ import site_render as render  # noqa: E402
 from toolkit.hub import lesson_resources  # noqa: E402
 
 
-
 # -- which pages, in which order ----------------------------------------------------------------
 def test_pages_follow_the_map_and_take_every_lesson_on_disk() -> None:
     pages = build.course_pages()

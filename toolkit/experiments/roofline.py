@@ -67,8 +67,8 @@ def time_kernel(fn: Callable[[], object], *, trials: int = 9,
     wall, core = [], []
     for _ in range(trials):
         sync()
-        # The CPU-time window lies inside the wall one (read after it opens, before it closes),
-        # so a trial's core time never exceeds its wall time, nor then a median the other's.
+        # The CPU-time window lies inside the wall one (opened after it, closed before it), so
+        # each trial's core time is at most its wall time, and so is the median of each.
         w = time.perf_counter()
         c = time.thread_time()
         for _ in range(reps):
