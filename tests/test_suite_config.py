@@ -45,13 +45,14 @@ def _root_conftest():
 
 
 def test_notebooks_and_shared_fixture_files_are_one_unit_of_work_the_rest_single_tests():
-    scope = _root_conftest().one_worker_scope
+    root = _root_conftest()
+    scope = root.one_worker_scope
     assert scope("lessons/10_pipeline.ipynb::Cell 3") == "lessons/10_pipeline.ipynb"
     assert scope("tests/test_browser.py::test_lesson_runs_and_draws_in_a_browser[03_ring_cost]") \
         == "tests/test_browser.py"
     assert scope("tests/test_slurm.py::test_x") == scope("tests/test_slurm.py::test_y")
     assert scope("tests/test_cost.py::test_a[2]") == "tests/test_cost.py::test_a[2]"
-    for path in _root_conftest().ONE_WORKER_FILES:
+    for path in root.ONE_WORKER_FILES:
         assert (ROOT / path).is_file(), path
 
 
