@@ -6,12 +6,15 @@ Solution regions are written once, in the lab's files (Python files and notebook
     ...the reference code...
     ### END SOLUTION
     ### HINT: a line the student sees instead
+    ### STUB: code the student gets instead of the raise (optional; e.g. ``answer = None``)
 
 `release_lab` copies the lab folder without ``hidden/`` (and without a README section headed
 ``## For instructors``) and replaces every region by a
 ``raise NotImplementedError(...)`` at the region's indentation, with its ``### HINT:`` lines
-turned into ``# Hint:`` comments above it (nbgrader's convention, done with plain text so that
-it works on any file). A region left open, or an END without BEGIN, is an error naming the file
+turned into ``# Hint:`` comments above it, or by its ``### STUB:`` lines where it has any (a
+lesson's answer cell becomes ``answer = None``, so the notebook still runs top to bottom and
+`toolkit.exercises` says what to fill in). nbgrader's convention, done with plain text so that
+it works on any file. A region left open, or an END without BEGIN, is an error naming the file
 and line: a release must never leak half a solution.
 """
 
@@ -22,7 +25,7 @@ import re
 import shutil
 from pathlib import Path
 
-BEGIN, END, HINT = "### BEGIN SOLUTION", "### END SOLUTION", "### HINT:"
+BEGIN, END, HINT, STUB = "### BEGIN SOLUTION", "### END SOLUTION", "### HINT:", "### STUB:"
 INSTRUCTORS = "## For instructors"
 """A Markdown section with this heading (up to the next ``## `` heading) is left out."""
 EXCLUDED = {"hidden", "__pycache__", ".ipynb_checkpoints"}
@@ -48,13 +51,14 @@ def strip_solutions(text: str, where: str = "<text>") -> tuple[str, int]:
             if not inside:
                 raise MarkerError(f"{where}:{i}: {END} without {BEGIN}")
             inside, regions = False, regions + 1
-            hints = _hints(lines[i:])
+            hints, stubs = _after(lines[i:])
             out += [f"{indent}# Hint: {h}\n" for h in hints]
-            out.append(f"{indent}raise NotImplementedError(\"your code here\")\n")
+            out += [f"{indent}{s}\n" for s in stubs] or [
+                f"{indent}raise NotImplementedError(\"your code here\")\n"]
             continue
         if inside:
             continue
-        if stripped.startswith(HINT):
+        if stripped.startswith((HINT, STUB)):
             continue  # emitted with its region's stub
         out.append(line)
     if inside:
@@ -62,13 +66,19 @@ def strip_solutions(text: str, where: str = "<text>") -> tuple[str, int]:
     return "".join(out), regions
 
 
-def _hints(rest: list[str]) -> list[str]:
-    hints = []
+def _after(rest: list[str]) -> tuple[list[str], list[str]]:
+    """The ``### HINT:`` and ``### STUB:`` lines right after a region (in any order)."""
+    hints, stubs = [], []
     for line in rest:
-        if not line.strip().startswith(HINT):
+        stripped = line.strip()
+        if stripped.startswith(HINT):
+            hints.append(stripped[len(HINT):].strip())
+        elif stripped.startswith(STUB):
+            code = stripped[len(STUB):].rstrip()
+            stubs.append(code[1:] if code.startswith(" ") else code)  # keeps deeper indents
+        else:
             break
-        hints.append(line.strip()[len(HINT):].strip())
-    return hints
+    return hints, stubs
 
 
 def _drop_instructor_section(text: str) -> str:
