@@ -4,6 +4,8 @@ snapshots (synthetic dictionaries shaped as torch/cuda/memory.py documents them)
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -80,7 +82,6 @@ def test_a_real_profile_sees_the_activation_it_allocated(tmp_path):
         del y
     path = tmp_path / "t.json"
     prof.export_chrome_trace(str(path))
-    import json
     allocs = profiler_allocations(json.loads(path.read_text()), rank=0)
     r = replay(allocs)
     assert r.peak >= 2 * 512 * 256 * 4       # the matmul's output and relu's, at once
