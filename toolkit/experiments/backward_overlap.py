@@ -88,8 +88,9 @@ def on_ranks(backward_fn: BackwardFn, *, folder: str | Path) -> Callable[..., di
 
 
 def check(results: Sequence[dict], recorded: Sequence[Event], early_launches: Sequence[int]
-          ) -> list[tuple[bool, str]]:
-    """The exercise's three questions for every rank, as (passed, what was observed): the
+          ) -> list[tuple[str, bool, str]]:
+    """The exercise's three questions for every rank, as (question, passed, what was observed),
+    the question ``"values"``, ``"bytes"`` or ``"overlap"``: the
     gradients against the mean of the ranks' local ones; the bytes all-reduced in the traced
     step (from the recorder's calls) against the gradients' bytes; all-reduces launched before
     backward's last matmul (``early_launches[rank]``, read from the rank's trace by
@@ -100,15 +101,16 @@ def check(results: Sequence[dict], recorded: Sequence[Event], early_launches: Se
         mean = [sum(other["local"][i] for other in results) / n for i in range(len(r["local"]))]
         wrong = [i for i, (g, m) in enumerate(zip(r["grads"], mean))
                  if g is None or g.shape != m.shape or not torch.allclose(g, m, atol=1e-6)]
-        out.append((not wrong, f"rank {rank}: gradient tensors {wrong} differ from the mean "
-                               "of the ranks' own gradients" if wrong else
-                    f"rank {rank}: every gradient is the mean over ranks"))
+        seen = (f"rank {rank}: gradient tensors {wrong} differ from the mean of the ranks' own "
+                "gradients" if wrong else f"rank {rank}: every gradient is the mean over ranks")
+        out.append(("values", not wrong, seen))
         grad_bytes = sum(t.numel() * t.element_size() for t in r["local"])
         sent = sum(e.nbytes for e in recorded if e.rank == rank and e.op == "all_reduce"
                    and e.start >= r["started"])
-        out.append((sent == grad_bytes, f"rank {rank}: the traced step all-reduced {sent:,} "
-                                        f"bytes for {grad_bytes:,} bytes of gradients"))
+        out.append(("bytes", sent == grad_bytes, f"rank {rank}: the traced step all-reduced "
+                                                 f"{sent:,} bytes for {grad_bytes:,} bytes of "
+                                                 "gradients"))
         early = early_launches[rank]
-        out.append((early > 0, f"rank {rank}: {early} all-reduce(s) launched before backward's "
-                               "last matmul"))
+        out.append(("overlap", early > 0, f"rank {rank}: {early} all-reduce(s) launched before "
+                                          "backward's last matmul"))
     return out
