@@ -36,7 +36,8 @@ def skewed_logits(step: int, rank: int, *, tokens: int, num_experts: int, skew: 
     gen = torch.Generator().manual_seed(((seed * 100_003) + step) * 1_009 + rank)
     noise = torch.randn(tokens, num_experts, generator=gen, dtype=torch.float64,
                         device=gen.device)
-    return noise + skew * torch.linspace(1.0, -1.0, num_experts, dtype=torch.float64)
+    return noise + skew * torch.linspace(1.0, -1.0, num_experts, dtype=torch.float64,
+                                         device=gen.device)
 
 
 @dataclass

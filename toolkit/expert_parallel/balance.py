@@ -60,7 +60,9 @@ def update_bias(bias: Tensor, load: Tensor, *, rate: float) -> Tensor:
 
 def max_violation(load: Sequence[float] | Tensor) -> float:
     """(max_e c_e − c̄) / c̄, Wang et al.'s MaxVio; 0 for a load of zeros."""
-    counts = torch.as_tensor(load, dtype=torch.float64)
+    # A statistic read on the host: the counts' own device if a tensor, else the CPU's.
+    device = load.device if isinstance(load, Tensor) else "cpu"
+    counts = torch.as_tensor(load, dtype=torch.float64, device=device)
     mean = counts.mean().item()
     return (counts.max().item() - mean) / mean if mean > 0 else 0.0
 
@@ -82,7 +84,8 @@ def simulate(logits: Sequence[Tensor], *, top_k: int, rate: float, score: str = 
     if not logits:
         raise ValueError("simulate: logits must hold at least one step")
     num_experts = logits[0].shape[1]
-    b = torch.zeros(num_experts, dtype=torch.float64) if bias is None else bias.clone()
+    b = (torch.zeros(num_experts, dtype=torch.float64, device=logits[0].device) if bias is None
+         else bias.clone())
     loads, biases = [], []
     for step_logits in logits:
         load = route(step_logits, top_k=top_k, capacity_factor=None, score=score,
