@@ -21,8 +21,8 @@ from toolkit.cost.experts import cross_node_bytes, fine_grained, step_bytes
 from toolkit.experiments.expert_parallel import compare
 from toolkit.experiments.moe_routing import balance_on_ranks
 from toolkit.expert_parallel import (
-    MoELayer, dense_parameters, expert_parameters, max_violation, node_limited_mask,
-    nodes_touched, route, router_z_loss, simulate, update_bias,
+    MoELayer, dense_parameters, expert_parameters, load_balancing_loss, max_violation,
+    node_limited_mask, nodes_touched, route, router_z_loss, simulate, update_bias,
 )
 from toolkit.planner import Layout, cluster, moe_shape
 from toolkit.planner.experts import MEMORY_HEADROOM, folded_groups, predict_moe
@@ -48,6 +48,10 @@ def test_sigmoid_scores_gate_over_the_chosen_and_the_bias_only_steers() -> None:
     r1 = route(logits, top_k=1, capacity_factor=None, bias=0.65 * b)
     assert r1.expert[:, 0].tolist() == [3, 2]
     assert torch.allclose(r1.gate[:, 0], torch.softmax(logits, -1)[[0, 1], [3, 2]])
+    # Switch's loss on sigmoid scores normalises them first (DeepSeek-V3's sequence-wise form).
+    f = torch.bincount(r.expert[:, 0], minlength=4).float() / 2
+    want = 4 * (f * (s / s.sum(-1, keepdim=True)).mean(0)).sum()
+    assert torch.allclose(load_balancing_loss(r), want)
     with pytest.raises(ValueError, match="score must be one of"):
         route(logits, score="tanh")
     with pytest.raises(ValueError, match=r"bias must have one entry per expert \(4,\)"):

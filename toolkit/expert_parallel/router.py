@@ -83,6 +83,8 @@ class Routing:
     """(T, k) bool: slot < capacity."""
     capacity: int
     """C: slots per expert for this group."""
+    score: str = "softmax"
+    """How `probs` were made from the logits (`SCORES`)."""
 
     @property
     def num_experts(self) -> int:
@@ -177,16 +179,21 @@ def route(logits: Tensor, *, top_k: int = 1, capacity_factor: float | None = 1.0
     gate = top if top_k == 1 and score == "softmax" else top / top.sum(-1, keepdim=True)
     slot = slots(expert, num_experts)
     return Routing(probs=probs, expert=expert, gate=gate, slot=slot, kept=slot < capacity,
-                   capacity=capacity)
+                   capacity=capacity, score=score)
 
 
 def load_balancing_loss(routing: Routing) -> Tensor:
-    """Switch's E · Σ_i f_i · P_i for this group (0 for a group without tokens)."""
+    """Switch's E · Σ_i f_i · P_i for this group (0 for a group without tokens). Sigmoid scores
+    are first normalised over the experts, s_t,i / Σ_j s_t,j, as DeepSeek-V3 does for its
+    sequence-wise balance loss (§2.1.2), so that P is a distribution as Switch's is."""
     if routing.tokens == 0:
         return routing.probs.sum()  # a zero that keeps the graph: every rank runs backward
     first = torch.bincount(routing.expert[:, 0], minlength=routing.num_experts)
     f = first.to(routing.probs.dtype) / routing.tokens
-    p = routing.probs.mean(0)
+    probs = routing.probs
+    if routing.score == "sigmoid":
+        probs = probs / probs.sum(-1, keepdim=True)
+    p = probs.mean(0)
     return routing.num_experts * (f * p).sum()
 
 
