@@ -3,8 +3,8 @@
 An fp8 GEMM multiplies fp8 numbers exactly and accumulates in higher precision (fp32, or fp32
 every N_C terms: `toolkit.precision.accumulate`), so in value it equals a higher-precision matmul
 of the *dequantised* inputs. That is what `Fp8Linear` computes, per recipe (`toolkit.precision
-.fp8`), for the three GEMMs of a linear layer y = x Wᵀ + b (Micikevicius et al. 2022, §4;
-Transformer Engine's `te.Linear`):
+.fp8`), for the three GEMMs of a linear layer y = x Wᵀ + b (Micikevicius et al., "FP8 Formats
+for Deep Learning", 2022; Transformer Engine's `te.Linear`):
 
     forward     y      = Q_fwd(x) · Q_fwd(W)ᵀ + b        (M, K) · (K, N) → (M, N)
     backward    dL/dx  = Q_bwd(g) · Q_fwd(W)             (M, N) · (N, K) → (M, K)
