@@ -1,6 +1,7 @@
 """toolkit.precision.fp8 against known values: the formats' limits, saturation, Transformer
 Engine's scale and delayed update, OCP MX's shared exponent (floor and rounded up), DeepSeek-V3's
-1×128 / 128×128 blocks, bits per element, and torch's fp8 GEMM equal to the dequantised matmul."""
+1×128 / 128×128 blocks, bits per element, and torch's fp8 GEMM equal to the dequantised matmul;
+on a GPU (marked `gpu`) the casts are bitwise the CPU's and the GEMM agrees."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import math
 import pytest
 import torch
 
+from toolkit.launch import device, gpu_count, spawn
+from toolkit.models import make_regression_data
 from toolkit.precision import fp8
 
 
@@ -127,3 +130,31 @@ def test_scaled_mm_equals_the_dequantised_matmul():
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="per-tensor"):
         fp8.scaled_matmul(fp8.quantize_mx(torch.randn(32, 64)), b)
+
+
+def _fp8_on_the_rank_device(rank, world_size):
+    a = make_regression_data(64, 256, 1, seed=0, device=device())[0]
+    b = make_regression_data(32, 256, 1, seed=1, device=device())[0] * 1e-3
+    casts = {"tensor": fp8.current_scaling(a), "mx": fp8.quantize_mx(a),
+             "blocks": fp8.quantize_blocks(a, block=(1, 128))}
+    bits = {name: q.data.view(torch.uint8).cpu() for name, q in casts.items()}
+    qa, qb = casts["tensor"], fp8.current_scaling(b)
+    gemm = None
+    if device().type == "cpu" or torch.cuda.get_device_capability(device()) >= (8, 9):
+        out = fp8.scaled_matmul(qa, qb, out_dtype=torch.bfloat16)
+        want = qa.dequantize() @ qb.dequantize().t()
+        gemm = float((out.float() - want).abs().max() / want.abs().max())
+    return str(device()), bits, gemm
+
+
+@pytest.mark.gpu
+@pytest.mark.multirank
+@pytest.mark.skipif(gpu_count() < 1, reason="needs a CUDA GPU")
+def test_fp8_casts_are_bitwise_the_cpus_on_a_gpu_and_its_gemm_agrees():
+    on_gpu = spawn(_fp8_on_the_rank_device, 1, timeout=180)[0]
+    on_cpu = spawn(_fp8_on_the_rank_device, 1, backend="gloo", timeout=60)[0]
+    assert on_gpu[0].startswith("cuda") and on_cpu[0] == "cpu"
+    for name, bits in on_cpu[1].items():
+        assert torch.equal(on_gpu[1][name], bits), name
+    if on_gpu[2] is not None:                 # an fp8 tensor-core GPU (sm_89 or newer)
+        assert on_gpu[2] <= 2.0 ** -8         # one bf16 rounding of the exact product
