@@ -24,8 +24,8 @@ fp32 (the optimizer's masters); fp8 is only what the GEMMs read.
 
 Emulation only changes values the way the hardware's casts would; it does not run faster.
 A block's scale multiplies out of a real GEMM only when the block lies along its contraction
-dimension (DeepSeek quantises activations 1×128 for the forward and 128×1 for the weight
-gradient, §3.3.2); dequantising first makes every layout exact here.
+dimension (the DeepSeek-V3 report describes re-quantising the forward's 1×128 activation tiles
+as 128×1 tiles for the backward); dequantising first makes every layout exact here.
 """
 
 from __future__ import annotations
