@@ -13,7 +13,7 @@ differs between recipes is which elements share a scale and when it is computed:
     current         the whole tensor          fp8_max / amax(x), this step       TE
                                                                                  `Float8CurrentScaling`
     MX              32 consecutive elements   2^(⌊log2 amax⌋ − emax_elem),       OCP MX spec v1.0
-                    along a row               E8M0 (a power of two);             §5, §6.3;
+                    along a row               E8M0 (a power of two);             (conversion rule);
                                               or rounded up (no saturation)      Mishra et al. 2025
     tiles, blocks   1×128 activation tiles,   amax_block / fp8_max, fp32,        DeepSeek-V3 report
                     128×128 weight blocks     computed online                    §3.3.2
@@ -46,7 +46,7 @@ from ..formats import FORMATS, format_info
 FP8 = ("fp8 e4m3", "fp8 e5m2")
 """The two fp8 formats, by `toolkit.formats` name."""
 E8M0_MIN, E8M0_MAX = -127, 127
-"""Exponents an E8M0 scale holds (2^-127 … 2^127; the code 0xFF is NaN; OCP MX v1.0 §5.4)."""
+"""Exponents an E8M0 scale holds (2^-127 … 2^127; the code 0xFF is NaN; OCP MX spec v1.0)."""
 
 
 def _check_fp8(owner: str, fmt: str) -> None:
@@ -160,8 +160,9 @@ def quantize_blocks(x: Tensor, fmt: str = "fp8 e4m3", *,
 
 def quantize_mx(x: Tensor, fmt: str = "fp8 e4m3", *, block: int = 32,
                 scale_rounding: str = "floor") -> Quantized:
-    """OCP MX v1.0 (§6.3): each run of `block` elements along a row shares X = 2^E, stored as
-    E8M0 (`torch.float8_e8m0fnu`); elements = saturating_cast(x / X). `scale_rounding`:
+    """OCP MX spec v1.0's conversion from scalar floats: each run of `block` elements along a
+    row shares X = 2^E, stored as E8M0 (`torch.float8_e8m0fnu`); elements =
+    saturating_cast(x / X). `scale_rounding`:
 
     ``"floor"``  E = ⌊log2 amax⌋ − emax(fmt), the spec's rule: amax / X lies in [2^emax,
                  2^(emax+1)), above the element maximum (448 = 1.75·2^8) when amax's leading
