@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from toolkit import formats as FMT
-from toolkit.viz.precision import format_ranges, scale_history, survival_histogram
-from toolkit.widgets.precision import loss_scale_explorer, loss_scale_view
+from toolkit.viz.precision import amax_history, format_ranges, scale_history, survival_histogram
+from toolkit.widgets.precision import (amax_history_explorer, amax_history_view,
+                                       loss_scale_explorer, loss_scale_view)
 
 
 def test_format_ranges_draws_subnormal_and_normal_parts_from_the_limits():
@@ -69,3 +70,34 @@ def test_loss_scale_view_verdicts_follow_the_fractions():
         loss_scale_view(magnitudes=g, fmt="fp12")
     with pytest.raises(ValueError, match="magnitudes is empty"):
         loss_scale_explorer(torch.zeros(0))
+
+
+def test_amax_history_draws_the_delayed_range_and_marks_overflows():
+    e4m3 = FMT.format_info("fp8 e4m3")
+    fig = amax_history([1.0, 2.0, 1.0], [448.0, 448.0, 224.0], e4m3)
+    top, floor, amax, over = fig.data
+    assert list(top.y) == pytest.approx([0, 0, 1])                 # log2(448 / s)
+    assert floor.y[0] == pytest.approx(math.log2(2.0 ** -10 / 448))
+    assert list(amax.y) == [0, 1, 0]
+    assert list(over.x) == [1] and over.name.endswith("(1)")       # 2 · 448 > 448
+    with pytest.raises(ValueError, match="one scale per amax"):
+        amax_history([1.0], [], e4m3)
+
+
+def test_amax_history_view_counts_overflows_per_history_length():
+    rising = [1.0, 2.0, 4.0, 8.0, 4.0, 2.0, 1.0]
+    _, short = amax_history_view(amaxes=rising, fmt="fp8 e4m3", history_len=1)
+    assert "<b style='color:#9467bd'>3</b> of 6 steps overflow" in short   # steps 1, 2, 3
+    _, margin = amax_history_view(amaxes=rising, fmt="fp8 e4m3", history_len=1, margin=1)
+    assert "<b style='color:#9467bd'>0</b> of 6" in margin                # doubling fits
+    # A long history keeps the scale of the peak: no overflow, but the range sits unused:
+    # log2(2 · 8 / a) = 2, 3, 4 binades on the way down after 0, 0, 0 on the way up.
+    _, long = amax_history_view(amaxes=rising, fmt="fp8 e4m3", history_len=7, margin=1)
+    assert "<b>1.5</b> powers of two" in long
+    explorer = amax_history_explorer(rising, fmt="fp8 e4m3", history_len=1)
+    explorer.margin.value = 1
+    assert "<b style='color:#9467bd'>0</b>" in explorer.verdict.value
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        amax_history_explorer(rising, fmt="bf16")
+    with pytest.raises(ValueError, match="at least 2 steps"):
+        amax_history_explorer([1.0])

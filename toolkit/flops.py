@@ -39,7 +39,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from .arguments import check_int
 from .models import GPTConfig
 
-__all__ = ["A100_BF16", "A100_FP32", "H100_PCIE_BF16", "H100_SXM_BF16", "PEAK_FLOPS",
+__all__ = ["A100_BF16", "A100_FP32", "A100_TF32", "H100_PCIE_BF16", "H100_SXM_BF16",
+           "H100_SXM_FP32", "H100_SXM_FP8", "H100_SXM_TF32", "PEAK_FLOPS",
            "V100_FP16", "count_flops", "flash_recompute_flops", "flops_per_token", "hfu",
            "matmul_params", "matmul_peak", "mfu", "recompute_flops",
            "step_flops", "timed"]
@@ -50,10 +51,17 @@ A100_BF16 = 312e12  # NVIDIA A100 datasheet, bf16 tensor core, dense (624e12 wit
 H100_SXM_BF16 = 989e12  # NVIDIA H100 SXM datasheet, bf16 tensor core, dense (1979e12 sparse)
 H100_PCIE_BF16 = 756e12  # NVIDIA H100 PCIe datasheet, bf16 dense (1513e12 sparse)
 A100_FP32 = 19.5e12  # NVIDIA A100 datasheet, fp32 without tensor cores
+# The "which peak" trap of fp32 runs (lesson 05): a datasheet's "TF32 Tensor Core" row is the
+# tensor cores reading fp32 inputs rounded to 10 fraction bits; plain fp32 is the "FP32" row.
+A100_TF32 = 156e12  # NVIDIA A100 datasheet, TF32 tensor core, dense (312e12 with sparsity)
+H100_SXM_FP32 = 67e12  # NVIDIA H100 SXM datasheet, fp32 without tensor cores
+H100_SXM_TF32 = 494.5e12  # NVIDIA H100 SXM datasheet, TF32 tensor core 989e12 with sparsity
+H100_SXM_FP8 = 1979e12  # NVIDIA H100 SXM datasheet, fp8 tensor core, dense (3958e12 sparse)
 
 PEAK_FLOPS: dict[str, float] = {
     "V100 fp16": V100_FP16, "A100 bf16": A100_BF16, "A100 fp32": A100_FP32,
-    "H100 SXM bf16": H100_SXM_BF16, "H100 PCIe bf16": H100_PCIE_BF16,
+    "A100 tf32": A100_TF32, "H100 SXM bf16": H100_SXM_BF16, "H100 PCIe bf16": H100_PCIE_BF16,
+    "H100 SXM fp32": H100_SXM_FP32, "H100 SXM tf32": H100_SXM_TF32, "H100 SXM fp8": H100_SXM_FP8,
 }
 """Peak FLOP/s by accelerator and precision (dense; sources above)."""
 

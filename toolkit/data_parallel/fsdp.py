@@ -30,8 +30,11 @@ A hook on the unit's outputs re-gathers just before its backward; a hook on ``fu
 accumulation reduce-scatters the gradient into the shard's ``.grad`` and frees the buffer.
 Writes go through ``.data`` so they do not bump the version counter autograd checks.
 
-Mixed precision (the FSDP paper's native mixed precision; torch's ``MixedPrecisionPolicy(
-param_dtype, reduce_dtype)``; lesson 05), three dtypes:
+Mixed precision (the FSDP paper's native mixed precision; lesson 05), three dtypes. torch's
+``MixedPrecisionPolicy`` has ``param_dtype`` (ours: `compute_dtype`, inputs cast as its
+``cast_forward_inputs=True`` does), ``reduce_dtype`` (None there means the param dtype; fp32
+here), ``output_dtype`` (not here) and ``cast_forward_inputs``; it has no shard dtype: torch's
+shards keep the parameters' own dtype, so `shard_dtype` is this class's extra knob:
 
     compute_dtype   the gathered parameters and floating inputs (None: the shard dtype): the
                     shard is cast on the way into the all-gather, so bf16 halves its bytes

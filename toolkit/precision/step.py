@@ -2,7 +2,11 @@
 
 Data parallelism (lesson 04) averages the gradients with one all-reduce per step; a ring sends
 2(N−1)/N of the buffer per rank (Patarasuk & Yuan 2009), so the bytes on the wire are
-2(N−1)/N · Ψ · (bytes per element): bf16 gradients send half of what fp32 ones send. The catch
+2(N−1)/N · Ψ · (bytes per element): bf16 gradients send half of what fp32 ones send. That
+halving needs gradients kept (or cast) in 16 bits: 16-bit working parameters as here and in
+Megatron-LM / DeepSpeed, a compression hook on DDP (`fp16_compress_hook`), or FSDP's
+``reduce_dtype``. Standard AMP (fp32 parameters under `torch.autocast`) leaves ``param.grad`` in
+fp32, and DDP all-reduces those 4 bytes per parameter (lesson 05 records both). The catch
 is accuracy: a ring adds the N contributions one by one in the dtype on the wire, so a bf16
 reduction rounds N − 1 times to 8 significant bits (`toolkit.formats.sequential_sum` shows
 where that goes). Reducing in fp32 costs twice the bytes and rounds once, when the result is

@@ -1,7 +1,9 @@
 """Gradients of one backward, in a chosen precision and loss scale, to count what underflows.
 
-Micikevicius et al., "Mixed Precision Training", ICLR 2018, §3.2 and Figure 3: activation
-gradients are mostly tiny, and in fp16 everything below 2^-24 (half of it, exactly) becomes 0.
+Micikevicius et al., "Mixed Precision Training", ICLR 2018, §3.2 and Figure 3 (the activation
+gradients of one network, the Multibox SSD detector): many values lie below fp16's range. fp16's
+smallest subnormal is 2^-24; a magnitude of at most half of it, 2^-25, rounds to 0 (the tie goes
+to the even neighbour, 0), and one in (2^-25, 2^-24) rounds up to 2^-24.
 Scaling the loss by s multiplies every gradient of the backward by s (the chain rule is linear
 in the loss), which moves them up into fp16's range; dividing by s afterwards, in fp32, gives
 the gradient back, now without the zeros. `scaled_gradients` runs one backward of

@@ -4,7 +4,9 @@
   parts apart, with marked values (a gradient of 1e-8, the fp16 maximum, ...);
 - `survival_histogram`: a sample of gradient magnitudes times a loss scale, against one
   format's bands (flushed to zero / subnormal / normal / overflow);
-- `scale_history`: a dynamic loss scale per step, skipped steps marked.
+- `scale_history`: a dynamic loss scale per step, skipped steps marked;
+- `amax_history`: a tensor's amax per step against the range a delayed fp8 scale gives it (the
+  largest value it can hold, and the magnitude below which values flush), overflows marked.
 
 The format limits come from `toolkit.formats` (read from torch); nothing here runs a model.
 """
@@ -119,4 +121,33 @@ def scale_history(scales: Mapping[str, Sequence[float]], *,
     return fig
 
 
-__all__ = ["BANDS", "format_ranges", "scale_history", "survival_histogram"]
+def amax_history(amaxes: Sequence[float], scales: Sequence[float], fmt: Format, *,
+                 title: str = "") -> go.Figure:
+    """log2 of each step's amax beside the range step t's scale s_t gives the tensor in `fmt`:
+    values up to max/s_t are kept (above: saturated), values at most half the smallest subnormal
+    over s_t flush to 0. Steps whose amax exceeds max/s_t are marked as overflows."""
+    if not amaxes or len(amaxes) != len(scales):
+        raise ValueError(f"amax_history: need one scale per amax, got {len(amaxes)} amaxes and "
+                         f"{len(scales)} scales")
+    steps = list(range(len(amaxes)))
+    top = [math.log2(fmt.max / s) for s in scales]
+    floor = [math.log2(fmt.smallest_subnormal / 2 / s) for s in scales]
+    amax = [math.log2(a) if a > 0 else float("nan") for a in amaxes]
+    over = [t for t in steps if amaxes[t] * scales[t] > fmt.max]
+    fig = go.Figure()
+    fig.add_scatter(x=steps, y=top, mode="lines", name=f"largest {fmt.name} value / scale",
+                    line=dict(color=BANDS["overflow"], shape="hv"))
+    fig.add_scatter(x=steps, y=floor, mode="lines", name="flushed to 0 below",
+                    line=dict(color=BANDS["zero"], shape="hv", dash="dot"))
+    fig.add_scatter(x=steps, y=amax, mode="lines+markers", name="amax of the tensor",
+                    line=dict(color="#444"), marker=dict(size=4))
+    fig.add_scatter(x=over, y=[amax[t] for t in over], mode="markers",
+                    name=f"overflow: top values saturate ({len(over)})",
+                    marker=dict(symbol="x", size=10, color=BANDS["overflow"]))
+    fig.update_layout(title=title or f"delayed scaling, {fmt.name}", xaxis_title="step",
+                      yaxis_title="log2 magnitude", height=360,
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+__all__ = ["BANDS", "amax_history", "format_ranges", "scale_history", "survival_histogram"]

@@ -1,6 +1,12 @@
-"""The loss-scale explorer (lesson 05): a format, a loss scale and a shift of the gradients'
+"""Lesson 05's explorers.
+
+The loss-scale explorer: a format, a loss scale and a shift of the gradients'
 magnitudes in, the fraction of gradients flushed to zero, kept as subnormals, kept whole, or
 overflowing out, over a histogram.
+
+The amax-history explorer: a tensor's amax per step (recorded in a real run) replayed under
+Transformer Engine's delayed scaling (`toolkit.precision.fp8.delayed_scales`) for a history
+length, margin and algorithm: how many steps overflow, how much of the range goes unused.
 
     from toolkit.widgets.precision import loss_scale_explorer
     loss_scale_explorer(gradients)        # last line of a cell: sliders, a verdict, a figure
@@ -13,12 +19,15 @@ micro-batches of accumulation at 1/k each, a deeper model) or larger ones. A thi
 
 from __future__ import annotations
 
+import math
+
 import ipywidgets as W
 import plotly.graph_objects as go
 import torch
 
 from ..formats import FORMATS, format_info, survival
-from ..viz.precision import survival_histogram
+from ..precision.fp8 import FP8, DelayedScaling, delayed_scales
+from ..viz.precision import amax_history, survival_histogram
 from .base import SLOW, SliderExplorer
 
 
@@ -78,4 +87,58 @@ def loss_scale_explorer(magnitudes: torch.Tensor, *, fmt: str = "fp16", log2_sca
     return LossScaleExplorer(magnitudes, fmt=fmt, log2_scale=log2_scale, shift=shift)
 
 
-__all__ = ["LossScaleExplorer", "loss_scale_explorer", "loss_scale_view"]
+def amax_history_view(*, amaxes: list[float], fmt: str = "fp8 e5m2", history_len: int = 16,
+                      margin: int = 0, algo: str = "max") -> tuple[go.Figure, str]:
+    """(amaxes against the range of each step's delayed scale, HTML verdict)."""
+    recipe = DelayedScaling(fmt=fmt, margin=margin, amax_history_len=history_len,
+                            amax_compute_algo=algo)
+    scales = delayed_scales(amaxes, recipe)
+    f = format_info(fmt)
+    # Step 0 has no history (scale 1): judged from step 1 on, as a run's steady state.
+    later = range(1, len(amaxes))
+    over = [t for t in later if amaxes[t] * scales[t] > f.max]
+    unused = [math.log2(f.max / (amaxes[t] * scales[t])) for t in later
+              if t not in over and amaxes[t] > 0]
+    fig = amax_history(amaxes, scales, f, title=(f"{fmt}, history {history_len}, "
+                                                 f"margin {margin}, {algo}"))
+    mean_unused = sum(unused) / len(unused) if unused else 0.0
+    verdict = (f"<b style='color:#9467bd'>{len(over)}</b> of {len(later)} steps overflow (the "
+               f"amax outgrew the delayed scale: the top values saturate); on the others "
+               f"<b>{mean_unused:.1f}</b> powers of two at the top go unused on average, and "
+               f"as many are lost at the bottom, where small values flush to 0.")
+    return fig, verdict
+
+
+class AmaxHistoryExplorer(SliderExplorer):
+    """Controls over `amax_history_view`: `history_len`, `margin`, `algo` (and
+    `SliderExplorer`'s `verdict`, `output`, `widget`, `figure`)."""
+
+    def __init__(self, amaxes: list[float], *, fmt: str, history_len: int, margin: int,
+                 algo: str) -> None:
+        self.amaxes, self.fmt = list(amaxes), fmt
+        style = {"description_width": "110px"}
+        super().__init__(
+            lambda **v: amax_history_view(amaxes=self.amaxes, fmt=self.fmt, **v),
+            rows=[["history_len", "margin"], ["algo"]],
+            history_len=W.IntSlider(value=history_len, min=1, max=max(1, len(self.amaxes)),
+                                    description="amax history", style=style, **SLOW),
+            margin=W.IntSlider(value=margin, min=0, max=4, description="margin", style=style,
+                               **SLOW),
+            algo=W.Dropdown(options=["max", "most_recent"], value=algo, description="algorithm",
+                            style=style))
+
+
+def amax_history_explorer(amaxes: list[float], *, fmt: str = "fp8 e5m2", history_len: int = 16,
+                          margin: int = 0, algo: str = "max") -> AmaxHistoryExplorer:
+    """The explorer over a recorded amax per step (at least 2 steps), in the fp8 format `fmt`."""
+    if fmt not in FP8:
+        raise ValueError(f"amax_history_explorer: fmt must be one of {list(FP8)}, got {fmt!r}")
+    if len(amaxes) < 2:
+        raise ValueError(f"amax_history_explorer: need the amaxes of at least 2 steps, got "
+                         f"{len(amaxes)}")
+    return AmaxHistoryExplorer(amaxes, fmt=fmt, history_len=history_len, margin=margin,
+                               algo=algo)
+
+
+__all__ = ["AmaxHistoryExplorer", "LossScaleExplorer", "amax_history_explorer",
+           "amax_history_view", "loss_scale_explorer", "loss_scale_view"]
