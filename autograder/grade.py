@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .devices import shared_note
 from .judging import CheckResult, PlannedCase, judge_launch, judge_run
 from .lab import Lab
 from .protocol import CaseKey, GroupKey
@@ -149,17 +150,18 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
           gpus: list[int] | None = None) -> GradeResult:
     """Grade `submission` (a folder or a single file) against every check of `lab`. `secret`
     fixes the grade's inputs (tests); by default it is drawn fresh for every grade. `device`
-    "cuda" runs rank r on GPU r of `gpus` (one per rank of the largest launch;
-    `autograder.devices`); values are judged on CPU copies either way."""
+    "cuda" runs rank r on GPU r mod G of `gpus` (G of them: one per rank of the largest
+    launch, or fewer, shared; `autograder.devices`); values are judged on CPU copies either
+    way."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"grade: device must be 'cpu' or 'cuda' (resolve 'auto' with "
                          f"autograder.devices.resolve_device), got {device!r}")
     if device not in lab.info.devices:
         raise ValueError(f"{lab.info.slug} runs on {', '.join(lab.info.devices)} only, not "
                          f"{device}: grade it with --device cpu")
-    if device == "cuda" and len(gpus or []) < max_ranks(lab):
-        raise ValueError(f"grade: a cuda grade of {lab.info.slug} needs {max_ranks(lab)} GPUs "
-                         f"(one per rank), got {gpus!r}")
+    if device == "cuda" and not gpus:
+        raise ValueError(f"grade: a cuda grade of {lab.info.slug} needs its GPUs (1 to "
+                         f"{max_ranks(lab)}; fewer than its ranks are shared), got {gpus!r}")
     start = time.monotonic()
     submission = Path(submission)
     result = GradeResult(lab, str(submission))
@@ -170,6 +172,10 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
         result.seconds = time.monotonic() - start
         return result
 
+    shared = shared_note(ranks=max_ranks(lab), gpus=len(gpus or [])) if device == "cuda" \
+        else None
+    if shared:
+        result.notes.append(shared)
     if not lab.hidden_loaded:
         result.notes.append("Hidden checks were not run (this lab folder has none, e.g. a "
                             "student edition): the score counts the visible checks only.")
