@@ -28,20 +28,21 @@ def _fields(e) -> tuple:
             e.values, e.end is not None)
 
 
-def _exchange(rank: int, world_size: int) -> dict:
-    """Every point-to-point form once: blocking, async, batched, from any source, a slice of
-    a buffer (offset), bf16; then the toolkit's ring and sliced ring (posted straight on the
-    group by `post_p2p`), and a tree broadcast."""
+def exchange(rank: int, world_size: int, dev: str = "cpu") -> dict:
+    """Every point-to-point form once, with tensors on `dev`: blocking, async, batched, from
+    any source, a slice of a buffer (offset), bf16; then the toolkit's ring and sliced ring
+    (posted straight on the group by `post_p2p`), and a tree broadcast. (tests/test_gpu.py runs
+    it with CUDA tensors on ranks sharing a GPU.)"""
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
-    data = torch.arange(12, dtype=torch.float32) + 100 * rank
+    data = torch.arange(12, dtype=torch.float32, device=dev) + 100 * rank
     out: dict = {}
-    into = torch.zeros(3)
+    into = torch.zeros(3, device=dev)
     works = [dist.irecv(into, left), dist.isend(data[2:5], right)]  # offset 2
     for w in works:
         w.wait()
     out["isend"] = into.tolist()
-    half = torch.tensor([1.5, -2.0], dtype=torch.bfloat16) * (rank + 1)
-    got = torch.zeros(2, dtype=torch.bfloat16)
+    half = torch.tensor([1.5, -2.0], dtype=torch.bfloat16, device=dev) * (rank + 1)
+    got = torch.zeros(2, dtype=torch.bfloat16, device=dev)
     if rank % 2 == 0:  # even/odd order: blocking send and recv pair up
         dist.send(half, right)
         dist.recv(got, left)
@@ -49,20 +50,20 @@ def _exchange(rank: int, world_size: int) -> dict:
         dist.recv(got, left)
         dist.send(half, right)
     out["send"] = got.float().tolist()
-    into = torch.zeros(3)
+    into = torch.zeros(3, device=dev)
     ops = [dist.P2POp(dist.isend, data[:3].clone(), right),
            dist.P2POp(dist.irecv, into, left)]
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     out["batch"] = into.tolist()
     if rank == 0:
-        anyone = torch.zeros(1)
+        anyone = torch.zeros(1, device=dev)
         out["from"] = sorted(dist.recv(anyone) for _ in range(world_size - 1))
     else:
-        dist.send(torch.tensor([float(rank)]), 0)
+        dist.send(torch.tensor([float(rank)], device=dev), 0)
     dist.barrier()  # or rank 0's receive from anyone could match a ring's first message
     for algorithm in ("ring", "sliced_ring", "tree"):
-        t = torch.arange(7, dtype=torch.float64) * (rank + 1)  # 7: not divisible by p
+        t = torch.arange(7, dtype=torch.float64, device=dev) * (rank + 1)  # 7: not p | n
         C.all_reduce(t, algorithm=algorithm)
         out[algorithm] = t.tolist()
     b = data.clone()
@@ -78,9 +79,9 @@ def both_ways(rank: int, world_size: int) -> tuple:
         with comm.recording(values=4) as trace:
             if how == "staged":
                 with staging.forced():
-                    runs[how] = _exchange(rank, world_size)
+                    runs[how] = exchange(rank, world_size)
             else:
-                runs[how] = _exchange(rank, world_size)
+                runs[how] = exchange(rank, world_size)
         # As a multiset: receives from any source may arrive in either order.
         runs[how + " events"] = sorted((_fields(e) for e in trace), key=repr)
         runs[how + " staged"] = staging.staged_messages() - before

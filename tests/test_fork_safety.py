@@ -31,10 +31,13 @@ from toolkit.launch import gpus, resolve_placement, spawn
 from toolkit.launch.gpus import GpuInfo, driver_live, parse_visible, visible_gpus
 
 ROOT = Path(__file__).resolve().parents[1]
-DRIVER_CALLS = {"is_available", "device_count", "get_device_name", "get_device_properties",
-                "get_device_capability", "mem_get_info", "is_bf16_supported", "init",
-                "_lazy_init", "current_device", "get_arch_list"}
-"""torch.cuda functions that start (or need) the CUDA driver in the calling process."""
+QUERIES = {"is_available", "device_count", "get_device_name", "get_device_properties",
+           "get_device_capability", "mem_get_info", "is_bf16_supported", "get_arch_list"}
+"""torch.cuda's questions about the GPUs: each starts the CUDA driver in the calling process,
+`is_available` even while `torch.cuda.is_initialized()` stays False. Code that uses a GPU
+(`set_device`, `current_device`, a CUDA tensor) is rank-side and not among them."""
+DRIVER_CALLS = QUERIES | {"init", "_lazy_init", "current_device"}
+"""What the launching process must never call (the dynamic check)."""
 ALLOWED = {
     "toolkit/launch/gpus.py": "the one place that counts; calls torch only once the driver is "
                               "already live in this process",
@@ -46,12 +49,12 @@ SCANNED = ("toolkit", "autograder", "benchmarks", "labs", "tests")
 def _driver_calls(tree: ast.AST) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and node.attr in DRIVER_CALLS
+        if (isinstance(node, ast.Attribute) and node.attr in QUERIES
                 and ast.unparse(node.value) in ("torch.cuda", "cuda")):
             found.append((node.lineno, ast.unparse(node)))
         if isinstance(node, ast.ImportFrom) and node.module == "torch.cuda":
             found += [(node.lineno, f"from torch.cuda import {a.name}") for a in node.names
-                      if a.name in DRIVER_CALLS]
+                      if a.name in QUERIES]
     return found
 
 
