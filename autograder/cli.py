@@ -61,7 +61,10 @@ def _grade(args) -> int:
         lab = load_lab(lab_dir, hidden=not args.no_hidden)
         device, gpus = _device(args, lab)
         limits = Limits(wall_s=args.timeout) if args.timeout else Limits()
-        result = grade(lab, submission, limits=limits, device=device, gpus=gpus)
+        progress = (lambda line: print(line, file=sys.stderr, flush=True)) if args.progress \
+            else None
+        result = grade(lab, submission, limits=limits, device=device, gpus=gpus,
+                       progress=progress)
     except Stopped as stop:
         if args.json:  # never leave Gradescope without a results.json
             _internal_error(args.json, f"The grade was stopped ({stop.name}) before it "
@@ -221,6 +224,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=float, help="total budget of the whole grade, wall-clock "
                    "seconds (default 180)")
     g.add_argument("--no-color", action="store_true", help="plain text report")
+    g.add_argument("--progress", action="store_true", help="a line on stderr as each launch "
+                   "ends (check, ranks, outcome, seconds)")
     g.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                    help="where the ranks run: cpu (default), cuda (the GPUs of "
                    "CUDA_VISIBLE_DEVICES: one per rank of the largest launch, or shared by the "

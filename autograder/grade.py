@@ -26,6 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .devices import shared_note
 from .judging import CheckResult, PlannedCase, judge_launch, judge_run
@@ -147,12 +148,14 @@ def prepare_workdir(files: dict[str, bytes], base: Path | None = None) -> tuple[
 
 def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock: bool = True,
           workbase: Path | None = None, secret: int | None = None, device: str = "cpu",
-          gpus: list[int] | None = None) -> GradeResult:
+          gpus: list[int] | None = None,
+          progress: Callable[[str], None] | None = None) -> GradeResult:
     """Grade `submission` (a folder or a single file) against every check of `lab`. `secret`
     fixes the grade's inputs (tests); by default it is drawn fresh for every grade. `device`
     "cuda" runs rank r on GPU r mod G of `gpus` (G of them: one per rank of the largest
     launch, or fewer, shared; `autograder.devices`); values are judged on CPU copies either
-    way."""
+    way. `progress` hears one line per launch as it ends (check, ranks, outcome, seconds since
+    the grade began)."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"grade: device must be 'cpu' or 'cuda' (resolve 'auto' with "
                          f"autograder.devices.resolve_device), got {device!r}")
@@ -199,9 +202,15 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
               sources={n: b.decode("utf-8", "replace") for n, b in files.items()},
               device=device, gpus=",".join(str(g) for g in gpus or []) if device == "cuda"
               else "")
+    def on_record(record) -> None:
+        judge_launch(lab, record, cases)
+        if progress is not None:
+            how = "ok" if record.failure is None else record.failure.kind
+            progress(f"{lab.checks[record.key.check].name} [{record.key.world_size} ranks]: "
+                     f"{how} at {time.monotonic() - start:.1f} s")
+
     try:
-        run = run_session(job, launches, limits or Limits(), workdir,
-                          on_record=lambda record: judge_launch(lab, record, cases))
+        run = run_session(job, launches, limits or Limits(), workdir, on_record=on_record)
     finally:
         unmount_below(workdir)  # a launch's tmpfs, should a failure have skipped its cleanup
         remove(workdir)

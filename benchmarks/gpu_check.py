@@ -214,7 +214,8 @@ def grading(plan: Plan, out: Path, budget: float) -> bool:
             continue
         result = grades / f"{lab}-{device}.json"
         cmd = [sys.executable, "-m", "autograder", "grade", f"labs/{lab}", "--device", device,
-               "--json", str(result), "--no-color", "--timeout", str(int(min(150, left - 10)))]
+               "--json", str(result), "--no-color", "--progress",
+               "--timeout", str(int(min(150, left - 10)))]
         t0 = time.perf_counter()
         stream(cmd, grades / f"{lab}-{device}.txt", min(180, left), env={"FORCE_COLOR": "0"})
         score = json.loads(result.read_text()).get("score") if result.is_file() else None

@@ -154,12 +154,16 @@ def test_a_cpu_grade_on_a_gpu_machine_never_starts_the_driver(cuda_machine, tmp_
                                              "PYTORCH_NVML_BASED_CUDA_CHECK")}
     try:
         code = cli(["grade", str(ROOT / "labs" / "01_collectives" / "collectives.py"), "--lab",
-                    "01_collectives", "--json", str(tmp_path / "r.json"), "--no-color"])
+                    "01_collectives", "--json", str(tmp_path / "r.json"), "--no-color",
+                    "--progress"])
     finally:
         for k, v in before.items():  # the command hides the GPUs in its own process
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    assert code == 0, capsys.readouterr().out[-2000:]
+    printed = capsys.readouterr()
+    assert code == 0, printed.out[-2000:]
     assert json.loads((tmp_path / "r.json").read_text())["score"] == 100
+    launches = [line for line in printed.err.splitlines() if " ranks]: " in line]
+    assert len(launches) >= 11 and all(": ok at " in line for line in launches)  # --progress
 
 
 def test_the_gpu_check_plans_without_starting_the_driver(cuda_machine):
