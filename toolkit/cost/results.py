@@ -78,15 +78,24 @@ def load_results(folder: str | os.PathLike):
     import pandas as pd
 
     folder = Path(folder)
-    csv, meta = folder / "results.csv", folder / "meta.json"
-    if not csv.is_file() or not meta.is_file():
-        raise FileNotFoundError(f"{folder} is not a results folder: it needs results.csv and "
-                                "meta.json (written by benchmarks/collectives.py --out)")
-    info = json.loads(meta.read_text())
-    if info.get("format") != FORMAT:
-        raise ValueError(f"{folder}: results format {info.get('format')!r}, this toolkit reads "
-                         f"{FORMAT}; re-run the benchmark")
+    csv = folder / "results.csv"
+    missing = (f"{folder} is not a results folder: it needs results.csv and meta.json (written "
+               "by benchmarks/collectives.py --out)")
+    if not csv.is_file():
+        raise FileNotFoundError(missing)
+    info = _read_versioned(folder / "meta.json", FORMAT, missing, "re-run the benchmark")
     return pd.read_csv(csv), info
+
+
+def _read_versioned(path: Path, version: int, missing: str, redo: str) -> dict[str, Any]:
+    """The JSON object in `path`, whose ``format`` must be `version` (else: what to `redo`)."""
+    if not path.is_file():
+        raise FileNotFoundError(missing)
+    data = json.loads(path.read_text())
+    if data.get("format") != version:
+        raise ValueError(f"{path}: format {data.get('format')!r}, this toolkit reads "
+                         f"{version}; {redo}")
+    return data
 
 
 def find_results(*roots: str | os.PathLike) -> list[Path]:
@@ -161,14 +170,9 @@ def load_device_figures(folder: str | os.PathLike) -> DeviceFigures:
     folder), as a `DeviceFigures`."""
     import pandas as pd
 
-    path = Path(folder) / DEVICE_FIGURES
-    if not path.is_file():
-        raise FileNotFoundError(f"{folder} has no {DEVICE_FIGURES}: run "
-                                "benchmarks/gpu_figures.py --out FOLDER (make gpu-check does)")
-    data = json.loads(path.read_text())
-    if data.get("format") != DEVICE_FORMAT:
-        raise ValueError(f"{path}: format {data.get('format')!r}, this toolkit reads "
-                         f"{DEVICE_FORMAT}; measure again")
+    data = _read_versioned(Path(folder) / DEVICE_FIGURES, DEVICE_FORMAT,
+                           f"{folder} has no {DEVICE_FIGURES}: run benchmarks/gpu_figures.py "
+                           "--out FOLDER (make gpu-check does)", "measure again")
     info = {k: v for k, v in data.items() if k not in ("format", "name", "matmul", "copies")}
     return DeviceFigures(data["name"], pd.DataFrame(data["matmul"]),
                          pd.DataFrame(data["copies"]), info)
