@@ -13,7 +13,8 @@ while `driver_live()` says the driver is untouched. Checked here without a GPU:
   driver-starting entry point raising when this process calls it: counting, placing, forking
   ranks that run a backward and Adam, and grading a lab all pass;
 * the pieces: CUDA_VISIBLE_DEVICES as CUDA reads it, NVML's list filtered by it, the child
-  interpreter's count where NVML cannot answer, and `driver_live` on every answer libcuda gives.
+  interpreter's count where NVML cannot answer, `driver_live` on every answer libcuda gives, and
+  the ctypes calls themselves against stand-ins for libnvidia-ml and libcuda built here.
 """
 
 from __future__ import annotations
@@ -246,3 +247,68 @@ def test_fork_is_refused_and_auto_spawns_once_the_driver_is_live(monkeypatch):
     monkeypatch.setattr(gpus, "driver_live", lambda **_: False)
     assert launcher._choose_start_method("auto", "gloo") == "fork"
     assert launcher._choose_start_method("auto", "nccl") == "spawn"
+
+
+# -- the ctypes paths, against stand-ins for NVIDIA's libraries (built here with the C compiler) --
+
+FAKE_NVML = r"""
+#include <string.h>
+typedef struct { unsigned long long total, free, used; } mem_t;
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+int nvmlDeviceGetCount_v2(unsigned int *n) { *n = 2; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **h) {
+    *h = (void *)(long)(i + 1); return 0; }
+int nvmlDeviceGetName(void *h, char *s, unsigned int n) {
+    strncpy(s, (long)h == 1 ? "Fake A" : "Fake B", n); return 0; }
+int nvmlDeviceGetUUID(void *h, char *s, unsigned int n) {
+    strncpy(s, (long)h == 1 ? "GPU-aa" : "GPU-bb", n); return 0; }
+int nvmlDeviceGetMemoryInfo(void *h, mem_t *m) {
+    m->total = 80ULL << 30; m->free = m->used = 0; return 0; }
+"""
+FAKE_CUDA = r"""
+static int initialised = 0;
+int cuInit(unsigned int flags) { initialised = 1; return 0; }
+int cuDeviceGetCount(int *count) { if (!initialised) return 3; *count = 1; return 0; }
+"""
+
+
+def _build(tmp_path: Path, source: str, soname: str) -> Path:
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the stand-in library")
+    (tmp_path / "fake.c").write_text(source)
+    lib = tmp_path / soname
+    subprocess.run([cc, "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(lib),
+                    str(tmp_path / "fake.c")], check=True, capture_output=True)
+    return lib
+
+
+def test_nvml_is_read_through_ctypes(tmp_path):
+    lib = _build(tmp_path, FAKE_NVML, "libnvidia-ml.so.1")
+    assert gpus.Nvml(str(lib)).gpus() == [GpuInfo(0, "Fake A", "GPU-aa", 80 << 30),
+                                          GpuInfo(1, "Fake B", "GPU-bb", 80 << 30)]
+
+
+def test_driver_live_asks_a_loaded_libcuda_and_never_loads_one(tmp_path):
+    import subprocess
+    import sys
+
+    lib = _build(tmp_path, FAKE_CUDA, "libcuda.so.1")
+    code = f"""
+import ctypes, torch
+from toolkit.launch import gpus
+torch.version.cuda = "13.0"                  # as a CUDA build would say
+seen = [gpus._cuda_device_count_status(), gpus.driver_live()]
+cuda = ctypes.CDLL({str(lib)!r})             # what cudart does at its first call
+seen += [gpus._cuda_device_count_status(), gpus.driver_live()]
+cuda.cuInit(0)
+seen += [gpus._cuda_device_count_status(), gpus.driver_live()]
+print(seen)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout
+    assert out.strip() == "[None, False, 3, False, 0, True]"

@@ -143,11 +143,19 @@ class Nvml:
             lib.nvmlShutdown()
 
 
+_nvml_seen: list[GpuInfo] | None = None
+
+
 def _nvml_gpus() -> list[GpuInfo] | None:
-    try:
-        return Nvml().gpus()
-    except (OSError, AttributeError):
-        return None
+    """NVML's list, asked once per process (nvmlInit can take a second on a node without
+    persistence mode; the GPUs a host has do not change while a process runs)."""
+    global _nvml_seen
+    if _nvml_seen is None:
+        try:
+            _nvml_seen = Nvml().gpus()
+        except (OSError, AttributeError):
+            return None
+    return None if _nvml_seen is None else list(_nvml_seen)
 
 
 _COUNT_IN_CHILD = ("import torch; "
