@@ -235,8 +235,10 @@ def sharded_training(rank, world_size, method):
     return places | {p.device.type for p in model.parameters()}, params
 
 
-@pytest.mark.parametrize("method", ["zero1", "zero2", "fsdp"])
-def test_sharded_training_stays_on_the_gpu_and_equals_one_process(method):
+def one_process(rank, world_size):
+    """The single-process reference, in a CPU rank: a backward in the test process itself would
+    start the CUDA driver there (autograd asks for the GPU count), and every later launch of the
+    session would need fresh interpreters instead of forks."""
     ref = TinyMLP(d_in=7, d_hidden=10, d_out=3, seed=0)
     x, y = make_regression_data(8, 7, 3)
     opt = torch.optim.SGD(ref.parameters(), lr=0.1)
@@ -244,7 +246,14 @@ def test_sharded_training_stays_on_the_gpu_and_equals_one_process(method):
         opt.zero_grad()
         F.mse_loss(ref(x), y).backward()
         opt.step()
+    return ref.state_dict()
+
+
+@pytest.mark.parametrize("method", ["zero1", "zero2", "fsdp"])
+def test_sharded_training_stays_on_the_gpu_and_equals_one_process(method):
+    [ref] = spawn(one_process, 1, device="cpu", timeout=TIMEOUT)
     for places, params in spawn(sharded_training, 2, method, device="cuda", timeout=TIMEOUT):
         assert places == {"cuda"}  # flat buffers made on the CPU would have moved them
-        for name, value in ref.state_dict().items():
+        for name, value in ref.items():
             assert torch.allclose(params[name], value, atol=1e-5), name
+    assert not driver_live()
