@@ -6,7 +6,8 @@ everything written under OUT (default ``results/gpu-HOSTNAME``):
     1. environment   torch, CUDA, the GPUs (NVML), the fork-safety check (CPU ranks forked on
                      this GPU machine run a backward and Adam), the placement's smoke test
                      (an all-reduce and an isend/irecv ring on the GPUs), the address space
-                     a torch process maps against the grader's per-rank limit  -> environment.json
+                     a torch process maps against the grader's per-rank limit, how long a
+                     grader's fork server takes to start                  -> environment.json
     2. GPU figures   matmul TFLOP/s per dtype, host<->device and device copies -> device.json
     3. GPU tests     pytest -m gpu (tests/test_gpu.py, the labs of test_gpu_course.py)
                                                                                  -> pytest.txt
@@ -56,6 +57,7 @@ from toolkit.launch import (  # noqa: E402
     spawn,
     visible_gpus,
 )
+from toolkit.launch.gpus import hidden_cuda_env  # noqa: E402
 
 GRADED_LABS = ("01_collectives", "02_ddp", "03_sharded_optimizer", "06_mixed_precision")
 LESSONS = ("00", "02")
@@ -195,6 +197,19 @@ def environment(plan: Plan, out: Path, budget: float) -> bool:
     print(f"    a process that imported torch maps {vm_kb // 1024} MiB; the grader limits each "
           f"rank to {limit} MiB of address space (Limits.memory_mb)"
           + ("  <-- ranks start ABOVE their limit" if vm_kb // 1024 >= limit else ""), flush=True)
+    # What the grader's fork server does before it says "ready" (its warm-up runs a backward,
+    # which asks CUDA for its GPU count), timed with the GPUs hidden as on a CPU grade: the
+    # grader waits for it, silently, up to the grade's whole budget.
+    warm = ("import time; t = time.perf_counter(); import torch, torch.distributed; "
+            "m = torch.nn.Linear(4, 3); m(torch.randn(2, 4)).sum().backward(); "
+            "print(round(time.perf_counter() - t, 2))")
+    t0 = time.perf_counter()
+    run = subprocess.run([sys.executable, "-c", warm], capture_output=True, text=True,
+                         timeout=min(120, budget), env={**os.environ, **hidden_cuda_env()})
+    facts["fork_server_start_s"] = float(run.stdout.strip() or "nan")
+    print(f"    a fork server's start (import torch, a backward; GPUs hidden): "
+          f"{run.stdout.strip() or run.stderr.strip()[-300:]} s inside, "
+          f"{time.perf_counter() - t0:.1f} s with the interpreter", flush=True)
     (out / "environment.json").write_text(json.dumps(facts, indent=2) + "\n")
     return ok
 
