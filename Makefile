@@ -34,7 +34,7 @@ PYTEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS)
 GPU_CHECK_ARGS ?=
 
-.PHONY: lab test test-busy setup browser slurm node site bench gpu-check clean help
+.PHONY: lab test test-busy setup browser slurm node site bench gpu-check wheelhouse clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -133,10 +133,24 @@ node: | $(STAMP)  ## install Node.js for the website build if missing (Debian, a
 site: setup node  ## build the course website into build/site/html (runs every lesson once)
 	$(BIN)/python website/site_build.py $(SITE_ARGS)
 
-# On a GPU node, after installing a CUDA build of torch into .venv: what docs/cluster.md lists.
-# Without a CUDA torch and 2 GPUs it stops at once with a message (exit 2).
-gpu-check: setup  ## GPU node: GPU tests, NCCL benchmarks, every lesson on NCCL -> results/gpu-HOST/
-	$(BIN)/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+# A GPU node: `make gpu-check` runs the course's GPU half with GPU_PYTHON, the Python that holds
+# the node's CUDA torch (default: .venv's, once you installed your CUDA torch there: README). It
+# never installs torch: benchmarks/wheelhouse.py checks torch is there, installs from WHEELHOUSE
+# (with --no-index) what else is missing, and the project itself (editable, --no-deps). A node
+# without internet gets its wheels from `make wheelhouse`, run on a connected machine for the
+# node's Python (WHEEL_PYTHON) and platform (WHEEL_PLATFORM). docs/cluster.md has the recipe.
+GPU_PYTHON     ?= $(BIN)/python
+WHEELHOUSE     ?= wheelhouse
+WHEEL_PYTHON   ?= 3.12
+WHEEL_PLATFORM ?= x86_64
+
+wheelhouse:  ## connected machine: wheels of all the GPU check needs but torch -> WHEELHOUSE (WHEEL_PYTHON, WHEEL_PLATFORM)
+	$(PYTHON) benchmarks/wheelhouse.py download --python $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) --dest $(WHEELHOUSE)
+
+gpu-check:  ## GPU node: fork safety, GPU figures and tests, grades, benchmarks, lessons -> results/gpu-HOST/ (GPU_PYTHON=...)
+	@test -x "$(GPU_PYTHON)" || { echo "gpu-check: no Python at $(GPU_PYTHON): set GPU_PYTHON to the one that holds your CUDA torch (docs/cluster.md)"; exit 2; }
+	$(GPU_PYTHON) benchmarks/wheelhouse.py install $(if $(wildcard $(WHEELHOUSE)),--from $(WHEELHOUSE))
+	$(GPU_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 test: setup browser slurm node  ## run every test: unit, multi-rank, notebooks, lessons in a browser, SLURM
 	$(PYTEST) $(PYTEST_ARGS)

@@ -61,7 +61,10 @@ def _grade(args) -> int:
         lab = load_lab(lab_dir, hidden=not args.no_hidden)
         device, gpus = _device(args, lab)
         limits = Limits(wall_s=args.timeout) if args.timeout else Limits()
-        result = grade(lab, submission, limits=limits, device=device, gpus=gpus)
+        progress = (lambda line: print(line, file=sys.stderr, flush=True)) if args.progress \
+            else None
+        result = grade(lab, submission, limits=limits, device=device, gpus=gpus,
+                       progress=progress)
     except Stopped as stop:
         if args.json:  # never leave Gradescope without a results.json
             _internal_error(args.json, f"The grade was stopped ({stop.name}) before it "
@@ -142,11 +145,7 @@ def _slurm_devices(args, lab) -> dict:
             raise ValueError(f"{lab.info.slug} runs on {', '.join(lab.info.devices)} only: "
                              "grade it with --device cpu")
         return {"device": "cpu"}
-    ranks = max_ranks(lab)
-    per_grade = args.gpus_per_grade or ranks
-    if per_grade < ranks:
-        raise ValueError(f"--gpus-per-grade {per_grade}: {lab.info.slug}'s launches use up to "
-                         f"{ranks} ranks, one GPU each; ask for at least {ranks}")
+    per_grade = args.gpus_per_grade or max_ranks(lab)  # fewer: the ranks share them
     return {"device": args.device, "gpus_per_grade": per_grade}
 
 
@@ -157,11 +156,10 @@ def _batch_devices(args, lab) -> tuple[str, list[list[int]]]:
 
     gpus, ranks = args.gpus or [], max_ranks(lab)
     per_grade = args.gpus_per_grade or ranks
+    if not args.gpus_per_grade and args.device == "cuda" and 0 < len(gpus) < ranks:
+        per_grade = len(gpus)  # every GPU there is, shared by each grade's ranks
     if args.gpus_per_grade and args.device == "cpu":
         raise ValueError("--gpus-per-grade gives each grade GPUs: add --device cuda (or auto)")
-    if per_grade < ranks and args.device == "cuda":
-        raise ValueError(f"--gpus-per-grade {per_grade}: {lab.info.slug}'s launches use up to "
-                         f"{ranks} ranks, one GPU each; ask for at least {ranks}")
     device = resolve_device(args.device, gpus=min(len(gpus), per_grade), ranks=ranks)
     if device == "cuda" and "cuda" not in lab.info.devices:
         if args.device == "cuda":
@@ -226,10 +224,12 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=float, help="total budget of the whole grade, wall-clock "
                    "seconds (default 180)")
     g.add_argument("--no-color", action="store_true", help="plain text report")
+    g.add_argument("--progress", action="store_true", help="a line on stderr as each launch "
+                   "ends (check, ranks, outcome, seconds)")
     g.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
-                   help="where the ranks run: cpu (default), cuda (one GPU per rank of the "
-                   "largest launch, from CUDA_VISIBLE_DEVICES), auto (cuda when there are "
-                   "enough GPUs)")
+                   help="where the ranks run: cpu (default), cuda (the GPUs of "
+                   "CUDA_VISIBLE_DEVICES: one per rank of the largest launch, or shared by the "
+                   "ranks when fewer), auto (cuda when there is a GPU per rank)")
     g.set_defaults(run=_grade)
 
     b = sub.add_parser("batch", help="grade every submission in a folder (CSV summary)",
@@ -242,7 +242,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                    help="where each grade's ranks run (as for grade)")
     b.add_argument("--gpus-per-grade", type=int, metavar="G",
-                   help="GPUs per grade with --device cuda (default: the lab's largest launch); "
+                   help="GPUs per grade with --device cuda (default: the lab's largest launch, "
+                   "or all there are when fewer; fewer than the ranks are shared, 1 allowed); "
                    "grades at once get disjoint sets, never more grades than sets")
     b.add_argument("--out", type=Path, default=Path("graded"), help="output folder "
                    "(default ./graded)")
@@ -285,12 +286,14 @@ def _visible() -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from toolkit.launch.gpus import hidden_cuda_env
+
     args = parser().parse_args(argv)
     # The GPUs this process may hand out, counted before hiding them: judges that run toolkit
     # code on ranks in this process (lab 04's pipeline) must pick gloo; a cuda grade's ranks
     # get their set explicitly (autograder.devices).
     args.gpus = _visible() if getattr(args, "device", "cpu") != "cpu" else []
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ.update(hidden_cuda_env())  # and none of them starts the CUDA driver here
     with _stopped_cleanly():
         try:
             return args.run(args)

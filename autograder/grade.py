@@ -26,7 +26,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
+from .devices import shared_note
 from .judging import CheckResult, PlannedCase, judge_launch, judge_run
 from .lab import Lab
 from .protocol import CaseKey, GroupKey
@@ -146,20 +148,23 @@ def prepare_workdir(files: dict[str, bytes], base: Path | None = None) -> tuple[
 
 def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock: bool = True,
           workbase: Path | None = None, secret: int | None = None, device: str = "cpu",
-          gpus: list[int] | None = None) -> GradeResult:
+          gpus: list[int] | None = None,
+          progress: Callable[[str], None] | None = None) -> GradeResult:
     """Grade `submission` (a folder or a single file) against every check of `lab`. `secret`
     fixes the grade's inputs (tests); by default it is drawn fresh for every grade. `device`
-    "cuda" runs rank r on GPU r of `gpus` (one per rank of the largest launch;
-    `autograder.devices`); values are judged on CPU copies either way."""
+    "cuda" runs rank r on GPU r mod G of `gpus` (G of them: one per rank of the largest
+    launch, or fewer, shared; `autograder.devices`); values are judged on CPU copies either
+    way. `progress` hears one line per launch as it ends (check, ranks, outcome, seconds since
+    the grade began)."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"grade: device must be 'cpu' or 'cuda' (resolve 'auto' with "
                          f"autograder.devices.resolve_device), got {device!r}")
     if device not in lab.info.devices:
         raise ValueError(f"{lab.info.slug} runs on {', '.join(lab.info.devices)} only, not "
                          f"{device}: grade it with --device cpu")
-    if device == "cuda" and len(gpus or []) < max_ranks(lab):
-        raise ValueError(f"grade: a cuda grade of {lab.info.slug} needs {max_ranks(lab)} GPUs "
-                         f"(one per rank), got {gpus!r}")
+    if device == "cuda" and not gpus:
+        raise ValueError(f"grade: a cuda grade of {lab.info.slug} needs its GPUs (1 to "
+                         f"{max_ranks(lab)}; fewer than its ranks are shared), got {gpus!r}")
     start = time.monotonic()
     submission = Path(submission)
     result = GradeResult(lab, str(submission))
@@ -170,6 +175,10 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
         result.seconds = time.monotonic() - start
         return result
 
+    shared = shared_note(ranks=max_ranks(lab), gpus=len(gpus or [])) if device == "cuda" \
+        else None
+    if shared:
+        result.notes.append(shared)
     if not lab.hidden_loaded:
         result.notes.append("Hidden checks were not run (this lab folder has none, e.g. a "
                             "student edition): the score counts the visible checks only.")
@@ -193,9 +202,15 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
               sources={n: b.decode("utf-8", "replace") for n, b in files.items()},
               device=device, gpus=",".join(str(g) for g in gpus or []) if device == "cuda"
               else "")
+    def on_record(record) -> None:
+        judge_launch(lab, record, cases)
+        if progress is not None:
+            how = "ok" if record.failure is None else record.failure.kind
+            progress(f"{lab.checks[record.key.check].name} [{record.key.world_size} ranks]: "
+                     f"{how} at {time.monotonic() - start:.1f} s")
+
     try:
-        run = run_session(job, launches, limits or Limits(), workdir,
-                          on_record=lambda record: judge_launch(lab, record, cases))
+        run = run_session(job, launches, limits or Limits(), workdir, on_record=on_record)
     finally:
         unmount_below(workdir)  # a launch's tmpfs, should a failure have skipped its cleanup
         remove(workdir)

@@ -5,12 +5,18 @@ it started, sampled every 50 ms: forked ranks share most pages with the kernel, 
 shared pages between their users instead of counting them once per process as RSS would.
 Binder gives about 2 GB and 1 CPU; the course promises well under a minute and 2 GB.
 
-Usage: python benchmarks/lesson_resources.py [lessons/NN_x.ipynb ...]
+Usage: python benchmarks/lesson_resources.py [lessons/NN_x.ipynb ...] [--save-to DIR]
+                                           [--csv FILE]
+``--save-to`` keeps each executed notebook (outputs included); ``--csv`` writes the table; a
+lesson that fails is reported on its line and the others still run (exit status 1). The
+kernel inherits this process's environment: ``TOOLKIT_DEVICE=cuda`` runs the lessons' ranks on
+the GPUs (`make gpu-check` does).
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import csv
 import threading
 import time
 from pathlib import Path
@@ -68,13 +74,31 @@ def run(path: Path, save_to: Path | None = None) -> tuple[float, int]:
     return time.perf_counter() - t0, peak
 
 
-def main() -> None:
-    paths = [Path(p) for p in sys.argv[1:]] or sorted((ROOT / "lessons").glob("*.ipynb"))
-    print(f"{'lesson':<36}{'wall s':>8}{'peak MB (PSS)':>15}")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("lessons", nargs="*", type=Path, help="notebooks (default: every lesson)")
+    ap.add_argument("--save-to", type=Path, help="folder for the executed notebooks")
+    ap.add_argument("--csv", type=Path, help="write the table here")
+    args = ap.parse_args(argv)
+    paths = args.lessons or sorted((ROOT / "lessons").glob("*.ipynb"))
+    if args.save_to:
+        args.save_to.mkdir(parents=True, exist_ok=True)
+    print(f"{'lesson':<36}{'wall s':>8}{'peak MB (PSS)':>15}  status", flush=True)
+    rows = []
     for path in paths:
-        wall, peak = run(path)
-        print(f"{path.name:<36}{wall:>8.1f}{peak / 2**20:>15.0f}", flush=True)
+        try:
+            wall, peak = run(path, save_to=args.save_to / path.name if args.save_to else None)
+            status = "ok"
+        except Exception as exc:  # noqa: BLE001 - a failed lesson is reported, the rest still run
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            wall, peak, status = float("nan"), 0, f"failed: {first}"
+        print(f"{path.name:<36}{wall:>8.1f}{peak / 2**20:>15.0f}  {status}", flush=True)
+        rows.append([path.name, round(wall, 1), round(peak / 2**20), status])
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            csv.writer(f).writerows([["lesson", "seconds", "peak MB (PSS)", "status"], *rows])
+    return 0 if all(r[3] == "ok" for r in rows) else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -87,7 +87,8 @@ class _Launch:
                 "uid": uid, "cgroup": str(group.path) if group else None,
                 "landlock": job.landlock, "seccomp": job.seccomp, "gpus": job.gpus,
                 "ranks": [{"rank": r, "home": str(scratch.homes[r]),
-                           "device": rank_device(job.device, r)} for r in range(p)]}
+                           "device": rank_device(job.device, r, _set_size(job.gpus))}
+                          for r in range(p)]}
         try:
             pids = server.fork(spec, fds, deadline)
         finally:
@@ -292,6 +293,11 @@ def run_launch(server: ForkServer, job: Job, plan: LaunchPlan, limits: Limits, *
     record.forged = [f"r{n}" for n in named] if named else []
     confined = dict(c.ranks[0].confined or {}, tmpfs=tmpfs) if c.ranks[0].confined else {}
     return record, confined
+
+
+def _set_size(gpus: str) -> int | None:
+    """GPUs in a grade's set ("0,1" -> 2; "" -> None): rank r uses cuda:(r mod that)."""
+    return len([g for g in gpus.split(",") if g.strip()]) or None
 
 
 def _quietly(step) -> None:

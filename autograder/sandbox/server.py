@@ -27,11 +27,13 @@ class ForkServer:
     def __init__(self, *, group: PidsGroup | None, deadline: float, log: Path,
                  gpus: str = "") -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # gpus: the grade's GPU set ("" on a CPU grade: none visible); the server itself never
-        # initialises CUDA (a forked child could not use it), the ranks do.
+        # gpus: the grade's GPU set ("" on a CPU grade: none visible). The server must never
+        # initialise the CUDA driver (a child forked after that cannot use CUDA, nor run a
+        # backward once autograd has started its GPU threads); the ranks do. torch's
+        # availability check is answered from CUDA_VISIBLE_DEVICES and NVML, not by cuInit.
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1",
-               "CUDA_VISIBLE_DEVICES": gpus, "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8",
-               "PYTHONUNBUFFERED": "1"}
+               "CUDA_VISIBLE_DEVICES": gpus, "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+               "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
         self.control, self.log = ours, log
         with open(log, "wb") as err:  # the grader's own file: no rank can write or link it
             self.proc = subprocess.Popen(
