@@ -43,6 +43,8 @@ ALLOWED = {
     "toolkit/launch/gpus.py": "the one place that counts; calls torch only once the driver is "
                               "already live in this process",
     "benchmarks/gpu_figures.py": "a CUDA process of its own measuring the GPU; it forks nothing",
+    "tests/test_fp8.py": "asks only inside a GPU rank (`_fp8_on_the_rank_device`), whose device "
+                         "the launcher placed; the test process counts with gpu_count()",
 }
 SCANNED = ("toolkit", "autograder", "benchmarks", "labs", "tests")
 
