@@ -35,7 +35,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .release import BEGIN, END, EXCLUDED, HINT, STUB, release_file, release_lab
+from .release import (BEGIN, END, EXCLUDED, HINT, STUB, drop_instructor_sections, release_file,
+                      release_lab)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,8 +94,17 @@ def binder_url(repo: str, path: str = "lessons/README.md") -> str:
 def _readme(text: str, repo: str | None) -> str:
     badge = (f"[![Launch on Binder](https://mybinder.org/badge_logo.svg)]({binder_url(repo)})"
              if repo else "")
-    lines = [badge if line.strip() == BADGE else line for line in text.splitlines()]
-    return "\n".join(lines) + "\n"
+    lines = drop_instructor_sections(text).splitlines(keepends=True)
+    out = []
+    for i, line in enumerate(lines):
+        if line.strip() == BADGE:
+            if badge:
+                out.append(badge + "\n")
+            elif i + 1 < len(lines) and not lines[i + 1].strip():
+                lines[i + 1] = ""  # no badge: no empty paragraph either
+        else:
+            out.append(line)
+    return "".join(out)
 
 
 def _makefile(text: str) -> str:

@@ -5,12 +5,22 @@ it started, sampled every 50 ms: forked ranks share most pages with the kernel, 
 shared pages between their users instead of counting them once per process as RSS would.
 Binder gives about 2 GB and 1 CPU; the course promises well under a minute and 2 GB.
 
-Usage: python benchmarks/lesson_resources.py [lessons/NN_x.ipynb ...]
+With ``--save FILE`` (the lesson map's: `MEASURED`) each lesson's figures go into FILE with the
+machine they were taken on (cores, the load average just before and after, date, commit),
+replacing that lesson's earlier entry and keeping the others'; `benchmarks/lesson_map.py` then
+rewrites the lesson map's run-time column from it. The load average says how busy the machine
+was: a run beside other work takes longer than on an idle machine.
+
+Usage: python benchmarks/lesson_resources.py [--save [FILE]] [lessons/NN_x.ipynb ...]
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import datetime
+import json
+import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -20,6 +30,8 @@ import nbformat
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "benchmarks" / "results" / "lessons.json"
+"""The measurements the lesson map shows (benchmarks/lesson_map.py writes them into it)."""
 
 
 def tree_pss(pid: int) -> int:
@@ -68,12 +80,48 @@ def run(path: Path, save_to: Path | None = None) -> tuple[float, int]:
     return time.perf_counter() - t0, peak
 
 
-def main() -> None:
-    paths = [Path(p) for p in sys.argv[1:]] or sorted((ROOT / "lessons").glob("*.ipynb"))
-    print(f"{'lesson':<36}{'wall s':>8}{'peak MB (PSS)':>15}")
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                          capture_output=True)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def save(path: Path, name: str, entry: dict) -> None:
+    """Put one lesson's entry into the measurements file `path` (others' entries kept)."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.setdefault("about", "Each lesson run top to bottom in a fresh kernel by "
+                    "benchmarks/lesson_resources.py: wall seconds, peak PSS in MiB of the kernel "
+                    "and its ranks, and the machine (cores, 1-minute load average just before "
+                    "and after the run). benchmarks/lesson_map.py writes them into the map.")
+    data.setdefault("lessons", {})[name] = entry
+    data["lessons"] = dict(sorted(data["lessons"].items()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("lessons", nargs="*", type=Path, help="notebooks (default: every lesson)")
+    ap.add_argument("--save", nargs="?", const=MEASURED, type=Path, metavar="FILE",
+                    help=f"record each lesson's figures in FILE (default "
+                    f"{MEASURED.relative_to(ROOT)})")
+    args = ap.parse_args(argv)
+    paths = args.lessons or sorted((ROOT / "lessons").glob("*.ipynb"))
+    print(f"{'lesson':<36}{'wall s':>8}{'peak MB (PSS)':>15}{'load before/after':>19}")
     for path in paths:
+        before = os.getloadavg()[0]
         wall, peak = run(path)
-        print(f"{path.name:<36}{wall:>8.1f}{peak / 2**20:>15.0f}", flush=True)
+        after = os.getloadavg()[0]
+        print(f"{path.name:<36}{wall:>8.1f}{peak / 2**20:>15.0f}{before:>11.1f} / {after:<5.1f}",
+              flush=True)
+        if args.save:
+            save(args.save, path.name, {
+                "wall_s": round(wall, 1), "peak_mib": round(peak / 2**20),
+                "cpus": os.cpu_count(), "load_before": round(before, 2),
+                "load_after": round(after, 2), "commit": _commit(),
+                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")})
 
 
 if __name__ == "__main__":

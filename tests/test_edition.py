@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder.edition import (LEFT_OUT, marker_lines, release_course, release_workspace,
-                                student_repository)
+from autograder.edition import (LEFT_OUT, _readme, binder_url, marker_lines, release_course,
+                                release_workspace, student_repository)
 from autograder.release import BEGIN, END, solution_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,14 +103,19 @@ def test_every_relative_link_in_it_resolves_inside_it(edition):
     assert broken == []
 
 
-def test_the_binder_badge_is_the_configured_repository_or_none(edition):
+def test_the_binder_badge_is_the_configured_repository_or_none(edition, tmp_path):
     readme = (edition / "README.md").read_text()
     repo = student_repository()
-    if repo is None:
-        assert "mybinder.org" not in readme and "binder badge" not in readme
-    else:
-        assert f"https://mybinder.org/v2/gh/{repo}/HEAD?urlpath=lab/tree/lessons/README.md" \
-            in readme
+    assert "binder badge" not in readme
+    assert (binder_url(repo) in readme) if repo else ("mybinder.org" not in readme)
+    source = (ROOT / "README.md").read_text()
+    assert f"[![Launch on Binder](https://mybinder.org/badge_logo.svg)]({binder_url('o/c')})" \
+        in _readme(source, "o/c")
+    (tmp_path / "pyproject.toml").write_text('[tool.course]\nstudent-repository = "o/c"\n')
+    assert student_repository(tmp_path) == "o/c"
+    (tmp_path / "pyproject.toml").write_text('[tool.course]\nstudent-repository = "o c"\n')
+    with pytest.raises(ValueError, match="OWNER/NAME"):
+        student_repository(tmp_path)
 
 
 def _run(cmd: list[str], cwd: Path, edition: Path) -> subprocess.CompletedProcess:
