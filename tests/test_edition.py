@@ -86,6 +86,9 @@ def test_no_hidden_check_no_marker_no_instructors_section(edition):
     for path, text in _texts(edition).items():
         if path.suffix == ".md":
             assert not re.search(r"^## For instructors", text, re.M), path
+    told = [str(p.relative_to(edition)) for p, text in _texts(edition).items()
+            if re.search(r"autograder grade labs/\w", text)]
+    assert told == [], "a command that fails from the lab's folder: say `autograder grade .`"
     makefile = (edition / "Makefile").read_text()
     assert "\ntest:" not in makefile and "INSTRUCTORS ONLY" not in makefile
     assert "\nlab:" in makefile and "\nsetup:" in makefile
