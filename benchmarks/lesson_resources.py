@@ -5,13 +5,13 @@ it started, sampled every 50 ms: forked ranks share most pages with the kernel, 
 shared pages between their users instead of counting them once per process as RSS would.
 Binder gives about 2 GB and 1 CPU; the course promises well under a minute and 2 GB.
 
-With ``--save FILE`` (the lesson map's: `MEASURED`) each lesson's figures go into FILE with the
+With ``--save`` each lesson's figures go into `MEASURED` (``--save-to FILE.json``: another) with the
 machine they were taken on (cores, the load average just before and after, date, commit),
 replacing that lesson's earlier entry and keeping the others'; `benchmarks/lesson_map.py` then
 rewrites the lesson map's run-time column from it. The load average says how busy the machine
 was: a run beside other work takes longer than on an idle machine.
 
-Usage: python benchmarks/lesson_resources.py [--save [FILE]] [lessons/NN_x.ipynb ...]
+Usage: python benchmarks/lesson_resources.py [--save | --save-to FILE.json] [lessons/NN_x.ipynb ...]
 """
 
 from __future__ import annotations
@@ -104,10 +104,13 @@ def save(path: Path, name: str, entry: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("lessons", nargs="*", type=Path, help="notebooks (default: every lesson)")
-    ap.add_argument("--save", nargs="?", const=MEASURED, type=Path, metavar="FILE",
-                    help=f"record each lesson's figures in FILE (default "
-                    f"{MEASURED.relative_to(ROOT)})")
+    ap.add_argument("--save", action="store_true", help="record each lesson's figures in "
+                    f"{MEASURED.relative_to(ROOT)} (the lesson map's)")
+    ap.add_argument("--save-to", type=Path, metavar="FILE.json", help="record them in FILE.json")
     args = ap.parse_args(argv)
+    target = args.save_to or (MEASURED if args.save else None)
+    if target is not None and target.suffix != ".json":
+        ap.error(f"--save-to {target}: expected a .json file")
     paths = args.lessons or sorted((ROOT / "lessons").glob("*.ipynb"))
     print(f"{'lesson':<36}{'wall s':>8}{'peak MB (PSS)':>15}{'load before/after':>19}")
     for path in paths:
@@ -116,8 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         after = os.getloadavg()[0]
         print(f"{path.name:<36}{wall:>8.1f}{peak / 2**20:>15.0f}{before:>11.1f} / {after:<5.1f}",
               flush=True)
-        if args.save:
-            save(args.save, path.name, {
+        if target is not None:
+            save(target, path.name, {
                 "wall_s": round(wall, 1), "peak_mib": round(peak / 2**20),
                 "cpus": os.cpu_count(), "load_before": round(before, 2),
                 "load_after": round(after, 2), "commit": _commit(),

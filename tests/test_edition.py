@@ -61,12 +61,16 @@ def regions() -> list[tuple[str, list[str]]]:
 
 
 def test_no_reference_body_is_anywhere_in_it(edition):
-    """No region's code, taken whole, in any file of the edition (the toolkit included). Single
-    lines of a region may be (`for p in params:` is everywhere), but none is in its own lab's
-    folder of the edition."""
-    bodies = [(where, body) for where, body in regions() if len(body) >= 2]
-    assert len(bodies) >= len(LABS)
+    """No region's code, taken whole, in its file's edition (a lesson's one-line answer
+    included), nor, when it is two lines or more, in any file of the edition (the toolkit
+    included). Single lines of a region may be elsewhere (`for p in params:` is everywhere),
+    but none is in its own lab's folder of the edition."""
     texts = {path: "\n".join(_code(text)) for path, text in _texts(edition).items()}
+    everything = regions()
+    assert len(everything) >= len(LABS)
+    kept = [where for where, body in everything if "\n".join(body) in texts[edition / where]]
+    assert kept == []
+    bodies = [(where, body) for where, body in everything if len(body) >= 2]
     leaked = [(where, str(path.relative_to(edition))) for where, body in bodies
               for path, text in texts.items() if "\n".join(body) in text]
     assert leaked == []
@@ -153,3 +157,23 @@ def test_the_workspace_never_overwrites_a_students_work(tmp_path):
     again = release_workspace(work)
     assert again == (1, added - 1)
     assert mine.read_text() == "# my work\n" and (work / "lessons" / "README.md").is_file()
+
+
+STUBBED = sorted(p.name for p in (ROOT / "lessons").glob("*.ipynb") if BEGIN in p.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+@pytest.mark.parametrize("name", STUBBED)
+def test_a_lessons_student_edition_runs_with_its_stubs(edition, name):
+    """What a student opens (and the website executes): every exercise still the stub, the
+    lesson runs top to bottom and each check says what to fill in."""
+    nbclient = pytest.importorskip("nbclient")
+    import nbformat
+
+    nb = nbformat.read(edition / "lessons" / name, as_version=4)
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={
+        "metadata": {"path": str(edition / "lessons")}}).execute()
+    said = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    asked = re.findall(r"Exercise \d+: fill in", said)
+    assert asked and not re.search(r"Exercise \d+: correct", said), said[-2000:]

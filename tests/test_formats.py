@@ -122,3 +122,13 @@ def test_errors_name_the_argument():
         F.sequential_sum(torch.tensor(1.0), torch.bfloat16)
     with pytest.raises(ValueError, match="floating dtype"):
         F.sequential_sum(torch.ones(3), torch.int32)
+
+
+def test_byte_units_are_binary_and_labelled_so():
+    # The course's convention (module docstring): KiB = 2**10 bytes, and the label says so.
+    assert [F.human_bytes(n) for n in (0, 512, 4096, 4000, 1.5 * 2**20, 2**30, 5 * 2**40)] == [
+        "0 B", "512 B", "4 KiB", "3.91 KiB", "1.5 MiB", "1 GiB", "5 TiB"]
+    assert F.byte_unit(1023) == ("B", 1) and F.byte_unit(1024) == ("KiB", 1024)
+    assert F.byte_unit(80 * 2**30) == ("GiB", 2**30) and F.byte_unit(-3 * 2**20)[0] == "MiB"
+    with pytest.raises(ValueError, match="nbytes must be a number"):
+        F.byte_unit(float("nan"))

@@ -28,7 +28,7 @@ LAYER = {
     "tensor_parallel": "algorithms", "context_parallel": "algorithms",
     "checkpoint": "algorithms", "recompute": "algorithms", "offload": "algorithms",
     "precision": "algorithms", "expert_parallel": "algorithms",
-    "experiments": "experiments",
+    "experiments": "experiments", "exercises": "experiments",
     "frameworks": "frameworks",
     "viz": "viz",
     "widgets": "widgets",

@@ -82,6 +82,8 @@ def test_equal_to_in_memory_bit_for_bit_and_bytes_exact(tier, prefetch, case):
             assert (opt.last_step.bytes_read, opt.last_step.bytes_written) == want
             assert opt.last_step.chunks == len(opt.chunks) > psi // 101
         assert opt.store.nbytes == state_bytes * psi
+        # One state tensor of one chunk at a time: 101 elements of 4 bytes at most.
+        assert opt.store.largest_transfer == (101 * 4 if state_bytes else 0)
         # The device keeps no optimizer state: only its chunk buffers, two with prefetch.
         assert held_model_states(model, opt).optimizer == 0
         assert opt.device_bytes == (2 if prefetch else 1) * 101 * state_bytes

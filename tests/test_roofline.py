@@ -14,7 +14,7 @@ from toolkit.flops import A100_BF16, H100_SXM_BF16, count_flops
 from toolkit.models import GPTConfig, TinyGPT
 from toolkit.roofline import (
     A100_SXM, DATASHEET_ROOFS, H100_SXM, Kernel, Roof, attainable, attention, gpt_block_kernels,
-    layernorm, linear, mfu_bound, roofline_time, tokens_to_ridge,
+    layernorm, linear, linear_limits, mfu_bound, roofline_time, tokens_to_ridge,
 )
 from toolkit.viz.roofline import (
     LAYERS, layer_kernel, mfu_bound_figure, roofline_figure, roofline_view,
@@ -40,7 +40,7 @@ def test_datasheet_ridges():
     assert set(DATASHEET_ROOFS) == {"A100 SXM bf16", "H100 SXM bf16"}
 
 
-def test_linear_counts_by_hand_and_tends_to_the_weights_intensity():
+def test_linear_counts_by_hand_and_tends_to_the_activation_cap():
     k = linear(1, 256, 1024)
     assert k.flops == 2 * 256 * 1024
     assert k.bytes == 4 * (256 + 256 * 1024 + 1024 + 1024)
@@ -50,6 +50,25 @@ def test_linear_counts_by_hand_and_tends_to_the_weights_intensity():
     assert intensities == sorted(intensities) and intensities[-1] == pytest.approx(limit, rel=1e-3)
     assert linear(64, 256, 1024, bytes_per_element=2).intensity == pytest.approx(
         2 * linear(64, 256, 1024).intensity)                   # bf16: half the bytes
+
+
+def test_linear_limits_weights_dominate_few_tokens_activations_cap_many():
+    lim = linear_limits(256, 1024)
+    assert lim["crossover"] == pytest.approx(256 * 1024 / 1280)          # 204.8 tokens
+    assert lim["cap"] == pytest.approx(102.4) and lim["small_t_slope"] == 0.5
+    for t in (1, 2, 4):                      # weights' bytes dominate: I ≈ 2t/e, within 2 %
+        kern = linear(t, 256, 1024, bias=False)
+        assert 4 * 256 * 1024 / kern.bytes > 0.97
+        assert kern.intensity == pytest.approx(lim["small_t_slope"] * t, rel=0.02)
+    for t in (1 << 16, 1 << 20):             # activations' bytes dominate: I → the cap
+        kern = linear(t, 256, 1024, bias=False)
+        assert 4 * t * (256 + 1024) / kern.bytes > 0.99
+        assert kern.intensity == pytest.approx(lim["cap"], rel=0.01)
+    # Without bias I(t) = cap · t / (t + t×): half the cap at the crossover, 90 % at 9 t×.
+    square = linear_limits(256, 256)                 # k = m = 256: t× = 128 tokens
+    assert square["crossover"] == 128
+    assert linear(128, 256, 256, bias=False).intensity == pytest.approx(square["cap"] / 2)
+    assert linear(9 * 128, 256, 256, bias=False).intensity == pytest.approx(0.9 * square["cap"])
 
 
 def test_attention_and_layernorm_do_not_move_with_the_micro_batch():
@@ -85,7 +104,7 @@ def test_tokens_to_ridge_is_the_first_compute_bound_token_count():
     assert linear(t - 1, 256, 1024, bytes_per_element=2).intensity < A100_SXM.ridge
     # 2·256·1024·t ≥ I*·2·(1280·t + 256·1024 + 1024)  ⇔  t ≥ 607.5 (I* = 312 / 2.039 = 153.02)
     assert t == 608                                 # 38 sequences of 16 tokens
-    # fp32: the weights alone reach 102.4 FLOP/B < 153: never compute-bound on the bf16 roof.
+    # fp32: the activation traffic caps I at 102.4 FLOP/B < 153: never compute-bound there.
     assert tokens_to_ridge(256, 1024, A100_SXM, bytes_per_element=4) is None
     # A CPU-like ridge of 4.5 FLOP/B: t·(524288 − 4.5·4·1280) ≥ 4.5·4·263168 ⇔ t ≥ 9.45.
     assert tokens_to_ridge(256, 1024, HERE) == 10

@@ -128,7 +128,7 @@ def test_predicted_times_marks_a_size_with_the_fastest_algorithm():
     fig = viz.predicted_times(64, LINK, mark=1 << 10)
     (line,) = fig.layout.shapes
     assert line.x0 == line.x1 == 1024
-    assert "1 KB: tree fastest" in fig.layout.annotations[0].text
+    assert "1 KiB: tree fastest" in fig.layout.annotations[0].text
     few = viz.predicted_times(4, LINK, (1e3, 1e9), ["ring", "ps"])
     assert [t.name for t in few.data] == ["ring", "ps"]       # ring always wins: no switch
 
@@ -202,7 +202,7 @@ def test_traffic_and_rounds_formulas_and_recorded_points():
 
 def test_human_bytes():
     assert [human_bytes(n) for n in (512, 4096, 1.5 * 2 ** 20, 2 ** 30)] == [
-        "512 B", "4 KB", "1.5 MB", "1 GB"]
+        "512 B", "4 KiB", "1.5 MiB", "1 GiB"]
     assert math.isclose(float(human_bytes(3000).split()[0]), 2.93)
 
 
@@ -252,7 +252,7 @@ def test_slice_speedups_measured_and_modelled():
     t = pd.DataFrame(rows)
     fig = viz.slice_speedups(t)
     measured = [d for d in fig.data if d.xaxis == "x"]
-    assert [d.name for d in measured] == ["1 MB", "16 MB"]
+    assert [d.name for d in measured] == ["1 MiB", "16 MiB"]
     assert list(measured[0].x) == [1, 4, 64]                 # slices per chunk
     assert np.allclose(measured[0].y, [1 / 0.9, 1 / 0.8, 1 / 1.6])
     modelled = viz.slice_speedups(t, links={2: LINK, 4: LINK}, gamma=1e-9)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from toolkit.cost.experts import expert_capacity
-from toolkit.viz.experts import capacity_curves, capacity_view, expert_loads
+from toolkit.viz.experts import capacity_curves, capacity_view, expert_loads, violation_curves
 from toolkit.widgets import capacity_explorer
 
 
@@ -59,3 +59,12 @@ def test_expert_loads_and_the_explorer() -> None:
     assert "E = 64" in explorer.figure.layout.title.text
     with pytest.raises(ValueError, match="num_experts must be one of"):
         capacity_explorer(num_experts=6)
+
+
+def test_violation_curves_one_line_per_series_from_zero():
+    fig = violation_curves({"without": [1.5, 1.4], "with bias": [1.5, 0.2]}, title="t")
+    assert [d.name for d in fig.data] == ["without", "with bias"]
+    assert list(fig.data[1].x) == [1, 2] and list(fig.data[1].y) == [1.5, 0.2]
+    assert fig.layout.yaxis.rangemode == "tozero"
+    with pytest.raises(ValueError, match="non-empty series"):
+        violation_curves({"empty": []})

@@ -55,8 +55,10 @@ def test_traffic_bars_one_group_per_label_with_readable_bytes():
     fig = tpviz.traffic_bars({"recorded": {"tp": 2048.0, "dp": 1 << 20},
                               "formula": {"tp": 2048.0, "dp": 1 << 20}}, title="t")
     assert [b.name for b in fig.data] == ["recorded", "formula"]
-    assert list(fig.data[0].x) == ["tp", "dp"] and list(fig.data[1].y) == [2048.0, 1 << 20]
-    assert fig.data[0].text[1] == cost.human_bytes(1 << 20) and fig.layout.barmode == "group"
+    # Drawn in MiB, the unit of the largest bar; labels in the axis's unit.
+    assert list(fig.data[0].x) == ["tp", "dp"] and list(fig.data[1].y) == [2048 / 2**20, 1.0]
+    assert fig.layout.yaxis.title.text == "MiB" and fig.data[0].text[1] == "1 MiB"
+    assert fig.data[0].text[0] == "0.001953 MiB" and fig.layout.barmode == "group"
 
 
 def test_tp_layer_time_is_the_alpha_beta_ring_and_the_flop_count():

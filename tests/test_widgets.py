@@ -22,8 +22,8 @@ def test_cost_view_draws_the_model_for_the_slider_values_and_names_the_fastest()
     assert ring.x[0] == pytest.approx(widgets.SIZE_CHOICES[0])
     assert ring.x[-1] == pytest.approx(widgets.SIZE_CHOICES[-1])
     assert fig.layout.shapes[0].x0 == 1024                    # the chosen size is marked
-    # 1 KB on 64 ranks: the tree's 12 rounds beat the ring's 126.
-    assert "<b>tree</b> is fastest" in verdict and "1 KB on p = 64 ranks" in verdict
+    # 1 KiB on 64 ranks: the tree's 12 rounds beat the ring's 126.
+    assert "<b>tree</b> is fastest" in verdict and "1 KiB on p = 64 ranks" in verdict
     t_tree = float(cost.predict("all_reduce", "tree", 1024, 64, LINK))
     assert f"{t_tree * 1e3:.3g} ms" in verdict
     _, big = widgets.cost_view(p=64, nbytes=1 << 30, alpha_us=100, bandwidth_gbs=1)
@@ -59,7 +59,7 @@ def test_explorer_draws_at_once_and_redraws_when_a_slider_moves():
     ex.alpha_us.value = 1.0                             # latency 100× smaller: the ring wins
     assert ex.verdict.value != before and "<b>ring = sharded_ps</b>" in ex.verdict.value
     ex.nbytes.value = 1 << 10
-    assert "1 KB: " in ex.figure.layout.annotations[0].text
+    assert "1 KiB: " in ex.figure.layout.annotations[0].text
     ex.bandwidth_gbs.value = 100.0
     assert "(100.00 GB/s)" in ex.figure.layout.title.text
 

@@ -27,6 +27,16 @@ the host: no processes, no distributed state.
     formats.ulp(1.0, "bf16")                             # 0.0078125: lr·g below half of it is lost
     formats.survival(grads.abs(), "fp16")                # fractions flushed / subnormal / ...
     formats.sequential_sum(values, torch.bfloat16)       # a running sum rounded at every add
+
+**Units of bytes**, the course's one convention wherever a size is printed or drawn: memory,
+tensor and message sizes in IEC binary units, KiB = 2¹⁰, MiB = 2²⁰, GiB = 2³⁰, TiB = 2⁴⁰ bytes
+(`human_bytes` writes them, `byte_unit` picks one for an axis); rates in decimal units, GB/s =
+10⁹ bytes per second, as vendors' datasheets, NVMe drives and nccl-tests quote them; a product
+keeps its vendor's name (an "80 GB" H100 holds 80 GiB; a "30 TB" disk array 30·10¹² bytes, 27.3
+TiB). A figure's axis and the labels beside it use the same unit.
+
+    formats.human_bytes(4000)                            # '3.91 KiB'
+    formats.byte_unit(3 * 2**30)                         # ('GiB', 1073741824)
 """
 
 from __future__ import annotations
@@ -165,4 +175,31 @@ def sequential_sum(values: Tensor, dtype: torch.dtype) -> Tensor:
     return acc.to(torch.float64)
 
 
-__all__ = ["FORMATS", "Format", "cast", "format_info", "sequential_sum", "survival", "ulp"]
+BYTE_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
+"""IEC binary units of bytes, smallest first (module docstring: the course's convention)."""
+
+
+def byte_unit(nbytes: float) -> tuple[str, int]:
+    """(name, bytes) of the largest IEC unit not above |nbytes| (B below 1 KiB): the unit an
+    axis showing values up to `nbytes` should use."""
+    if not isinstance(nbytes, (int, float)) or math.isnan(nbytes):
+        raise ValueError(f"byte_unit: nbytes must be a number of bytes, got {nbytes!r}")
+    name, size = BYTE_UNITS[0]
+    for unit, scale in BYTE_UNITS:
+        if abs(nbytes) >= scale:
+            name, size = unit, scale
+    return name, size
+
+
+def human_bytes(nbytes: float) -> str:
+    """`nbytes` in the largest IEC unit that keeps it ≥ 1, to 3 significant digits: 512 →
+    '512 B', 4096 → '4 KiB', 4000 → '3.91 KiB', 1.5·2²⁰ → '1.5 MiB'."""
+    unit, scale = byte_unit(nbytes)
+    value = nbytes / scale
+    if unit == "B" or value == int(value):
+        return f"{value:.0f} {unit}"
+    return f"{value:.3g} {unit}"
+
+
+__all__ = ["BYTE_UNITS", "FORMATS", "Format", "byte_unit", "cast", "format_info", "human_bytes",
+           "sequential_sum", "survival", "ulp"]

@@ -17,8 +17,18 @@ Counting (forward pass; e bytes per element; the minimum traffic: each operand r
 each result written once, which a cache holds only when it fits):
 
 * `linear`: x (t, k) @ W (k, m) + b → (t, m) for t = micro-batch · sequence tokens:
-  F = 2·t·k·m, Q = e·(t·k + k·m + m + t·m). I grows with t until the weights dominate
-  (I → 2·k·m / (e·(k + m)) as t → ∞): **micro-batch size moves a linear layer along the roof**.
+  F = 2·t·k·m, Q = e·(t·k + k·m + m + t·m): the activations (read x: t·k, write y: t·m) and
+  the weights (k·m, and m of bias). Two limits (`linear_limits`), which cross at
+  t× = k·m / (k + m) tokens, where both terms move the same bytes:
+
+  - few tokens (t ≪ t×): the **weights** dominate the bytes, Q ≈ e·k·m, so I ≈ 2·t / e: every
+    weight read from memory serves 2 FLOPs per token, and the intensity grows with t;
+  - many tokens (t ≫ t×): the weight bytes vanish beside the activations', Q ≈ e·t·(k + m), so
+    I → 2·k·m / (e·(k + m)): per token the layer reads k inputs and writes m outputs for
+    2·k·m FLOPs. **The cap comes from the activation traffic**, not from the weights.
+
+  Between the two, **micro-batch size moves a linear layer along the roof**; past t× it hardly
+  moves (half the cap at t×, 90 % of it at 9·t×).
 * `attention` (the core softmax(q kᵀ / √d) v of b sequences of s tokens, h = a heads × d):
   F = 4·b·s²·h (q kᵀ and the weighted sum of v, 2·b·s²·h each; PaLM appendix B's 4·h·s per token).
   Unfused, as `TinyGPT.attend` runs it (five kernels over the (b, a, s, s) scores: q kᵀ writes
@@ -44,7 +54,8 @@ from .models import GPTConfig
 
 __all__ = ["A100_SXM", "A100_SXM_BANDWIDTH", "DATASHEET_ROOFS", "H100_SXM", "H100_SXM_BANDWIDTH",
            "Kernel", "PUBLISHED_MFU", "Roof", "attainable", "attention", "gpt_block_kernels",
-           "layernorm", "linear", "mfu_bound", "roofline_time", "tokens_to_ridge"]
+           "layernorm", "linear", "linear_limits", "mfu_bound", "roofline_time",
+           "tokens_to_ridge"]
 
 A100_SXM_BANDWIDTH = 2.039e12  # byte/s, NVIDIA A100 datasheet, 80 GB SXM, HBM2e
 H100_SXM_BANDWIDTH = 3.35e12   # byte/s, NVIDIA H100 datasheet, SXM5, HBM3
@@ -170,11 +181,23 @@ def mfu_bound(kernels: Sequence[Kernel], roof: Roof) -> float:
     return sum(k.flops for k in kernels) / roof.peak_flops / roofline_time(kernels, roof)
 
 
+def linear_limits(d_in: int, d_out: int, *, bytes_per_element: int = 4) -> dict[str, float]:
+    """The two regimes of a linear layer's intensity (module docstring), for k = d_in,
+    m = d_out, e bytes per element: ``crossover`` t× = k·m / (k + m) tokens, where the weights
+    and the activations move equal bytes; ``small_t_slope`` 2 / e, the intensity per token
+    while the weights dominate (I ≈ 2·t / e); ``cap`` 2·k·m / (e·(k + m)), the limit as t → ∞
+    set by the activations each token reads (k) and writes (m)."""
+    check_ints("linear_limits", d_in=d_in, d_out=d_out, bytes_per_element=bytes_per_element)
+    k, m, e = d_in, d_out, bytes_per_element
+    return {"crossover": k * m / (k + m), "small_t_slope": 2 / e, "cap": 2 * k * m / (e * (k + m))}
+
+
 def tokens_to_ridge(d_in: int, d_out: int, roof: Roof, *, bytes_per_element: int = 4,
                     bias: bool = True) -> int | None:
     """The fewest tokens t at which `linear(t, d_in, d_out)` reaches the ridge point of `roof`
-    (becomes compute-bound), or None when even t → ∞ stays below it (the weights' own
-    intensity 2·k·m / (e·(k + m)) is under the ridge)."""
+    (becomes compute-bound), or None when even t → ∞ stays below it: the cap
+    2·k·m / (e·(k + m)) (`linear_limits`), set by the activation traffic per token (read k,
+    write m), is under the ridge, and no micro-batch size helps."""
     check_ints("tokens_to_ridge", d_in=d_in, d_out=d_out, bytes_per_element=bytes_per_element)
     check_positive("tokens_to_ridge", "ridge", roof.ridge)
     k, m, e = d_in, d_out, bytes_per_element

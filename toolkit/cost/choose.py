@@ -1,5 +1,6 @@
 """Which algorithm the α-β model picks: the fastest at one size, and the sizes where the winner
-changes; plus the byte formatting every table and figure shares.
+changes; plus the byte formatting every table and figure shares (`toolkit.formats.human_bytes`,
+re-exported: IEC units, KiB and MiB).
 
 Pure functions of `toolkit.cost.models` (numbers in, numbers out). `toolkit.viz.cost` draws
 them; lesson 03's explorer reports them.
@@ -11,16 +12,10 @@ from typing import Any, Mapping, Sequence
 
 
 from ..arguments import check_int
+from ..formats import human_bytes  # the course's byte units (IEC: KiB, MiB), re-exported here
 from .models import COEFFICIENTS, AlphaBeta, crossover_bytes, predict
 
-
-def human_bytes(n: float) -> str:
-    """4096 → '4 KB', 1.5·2²⁰ → '1.5 MB' (binary units, as nccl-tests and `measure` count)."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" or n == int(n) else f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n} B"  # unreachable
+__all__ = ["check_algorithms", "check_p_link", "fastest", "human_bytes", "switch_points"]
 
 
 def _fastest(times: Mapping[str, float]) -> str:

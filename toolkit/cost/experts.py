@@ -35,6 +35,20 @@ T on every rank): S_r = R_r = k·T, so per MoE layer and step
 and padded buffers send cf·k·T rows instead of k·T. Time: `toolkit.cost.predict("all_to_all",
 "pairwise", ...)`, (ep − 1)·α + (ep − 1)/ep·n·β per all-to-all (Thakur et al., 2005).
 
+**Across nodes** (node-limited routing, DeepSeek-V3 §2.1.2). With the ep ranks in nodes of n
+consecutive ranks, what a rank sends to ranks of *other* nodes per step is the same sum over
+other-node peers only: 2·(S_r^x + R_r^x)·d·b rows of tokens (forward and backward) plus the
+counts to other-node ranks, S_r^x = rows r sends to experts on other nodes, R_r^x = rows its
+experts receive from other nodes (`cross_node_bytes`). Limiting each token to M nodes bounds
+S_r^x by k·T rows; DeepSeek-V3 also sends a token only once to each node it reaches and
+forwards it inside the node over NVLink (§3.2.2), which this course's dispatch does not.
+
+**Fine-grained and shared experts** (DeepSeekMoE, Dai et al., 2024, arXiv:2401.06066, §3.1-3.2):
+split each of N experts of width f into m experts of width f/m and route to m·K of them (same
+parameters, same FLOPs per token, C(mN, mK) combinations of experts instead of C(N, K)); then
+make K_s of them shared (every token runs them): mN − K_s routed experts, mK − K_s chosen
+(`fine_grained`).
+
 Pure arithmetic on Python numbers: nothing here imports torch or starts a process.
 """
 
@@ -45,8 +59,9 @@ from typing import Sequence
 
 from ..arguments import check_int, is_int, is_number
 
-__all__ = ["COUNT_BYTES", "dropped", "expert_capacity", "imbalance", "kept", "padding_rows",
-           "rows_per_expert", "skewed_loads", "step_bytes", "balanced_step_bytes"]
+__all__ = ["COUNT_BYTES", "balanced_step_bytes", "cross_node_bytes", "dropped",
+           "expert_capacity", "fine_grained", "imbalance", "kept", "padding_rows",
+           "rows_per_expert", "skewed_loads", "step_bytes"]
 
 COUNT_BYTES = 8
 """Bytes of one split count exchanged before the tokens (int64)."""
@@ -186,3 +201,47 @@ def balanced_step_bytes(tokens: float, *, hidden: int, top_k: int, ep: int, elem
         raise ValueError(f"balanced_step_bytes: capacity_factor must be a number > 0, got "
                          f"{capacity_factor!r}")
     return 4 * capacity_factor * top_k * tokens * hidden * elem_bytes * (ep - 1) / ep
+
+
+def cross_node_bytes(rows: Sequence[Sequence[int]], *, ranks_per_node: int, hidden: int,
+                     elem_bytes: int, count_bytes: int = COUNT_BYTES) -> list[dict[str, int]]:
+    """Per rank of an ep group whose ranks sit in nodes of `ranks_per_node` consecutive ranks:
+    ``send_rows`` S_r^x (rows to experts on other nodes), ``recv_rows`` R_r^x (rows from other
+    nodes' tokens), and ``step`` = counts + 2·(S_r^x + R_r^x)·d·b bytes a step sends to other
+    nodes (the isend/irecv exchange, forward and backward; module docstring)."""
+    ep = len(rows)
+    check_int("cross_node_bytes", "ranks_per_node", ranks_per_node, high=max(ep, 1))
+    if ep == 0 or ep % ranks_per_node:
+        raise ValueError(f"cross_node_bytes: ranks_per_node={ranks_per_node} must divide the "
+                         f"{ep} ranks of the ep group")
+    step_bytes(rows, hidden=hidden, elem_bytes=elem_bytes, count_bytes=count_bytes)  # checks
+    local = len(rows[0]) // ep
+    out = []
+    for r in range(ep):
+        node = r // ranks_per_node
+        away = [j for j in range(ep) if j // ranks_per_node != node]
+        send = sum(rows[r][e] for j in away for e in range(j * local, (j + 1) * local))
+        recv = sum(rows[j][e] for j in away for e in range(r * local, (r + 1) * local))
+        counts = len(away) * local * count_bytes
+        out.append(dict(send_rows=send, recv_rows=recv,
+                        step=counts + 2 * (send + recv) * hidden * elem_bytes))
+    return out
+
+
+def fine_grained(num_experts: int, top_k: int, d_ff: int, *, segments: int,
+                 shared: int = 0) -> dict[str, int]:
+    """DeepSeekMoE's fine-grained segmentation and shared-expert isolation (module docstring):
+    N experts of width f, top-K, each split into m = `segments` of width f/m, K_s = `shared` of
+    them shared. Returns ``routed`` mN − K_s, ``top_k`` mK − K_s, ``d_ff`` f/m, ``shared`` K_s,
+    and ``combinations`` C(mN − K_s, mK − K_s), the ways a token can pick its routed experts."""
+    for name, v in (("num_experts", num_experts), ("d_ff", d_ff), ("segments", segments)):
+        check_int("fine_grained", name, v)
+    check_int("fine_grained", "top_k", top_k, high=num_experts)
+    check_int("fine_grained", "shared", shared, low=0, high=segments * top_k - 1,
+              hint="shared experts, fewer than the m·K experts a token runs")
+    if d_ff % segments:
+        raise ValueError(f"fine_grained: d_ff={d_ff} cannot be split into {segments} equal "
+                         f"experts; choose segments dividing d_ff")
+    routed, k = segments * num_experts - shared, segments * top_k - shared
+    return dict(routed=routed, top_k=k, d_ff=d_ff // segments, shared=shared,
+                combinations=math.comb(routed, k))

@@ -5,6 +5,7 @@
     run.errors        # max |EP − one process| of y and of every gradient
     run.traffic       # per rank: recorded bytes vs toolkit.cost.experts.step_bytes
     compare(..., tokens=[8, 8, 8, 8], layout=Layout(dp=4, ep=2))   # EP × DP on a 2 × 2 grid
+    compare(..., method="p2p", ranks_per_node=2, max_nodes=1)       # node-limited routing
     all_to_all_support(3)   # which all-to-all forms gloo accepts with uneven pieces
 
 Every rank builds the same `MoELayer` (seeded), keeps its share (`ExpertParallelMoE.from_dense`
@@ -25,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..cost.experts import rows_per_expert, step_bytes
+from ..cost.experts import cross_node_bytes, rows_per_expert, step_bytes
 from ..expert_parallel import (
     ExpertParallelMoE, MoELayer, RouterStats, all_to_all, expert_process_groups, merge,
     reduce_gradients,
@@ -46,11 +47,13 @@ class EPComparison:
     """What `compare` found."""
 
     errors: dict[str, float]
-    """Largest |EP − reference| of y, the input gradient, the router's and the experts' grads."""
+    """Largest |EP − reference| of y, the input gradient, the router's and the experts' grads
+    (and the shared experts', when there are any)."""
     traffic: pd.DataFrame
     """One row per rank: rows sent and received (S_r, R_r), bytes recorded forward and backward
     beside `toolkit.cost.experts.step_bytes` (passed in, or sent with method="p2p"), and the
-    formula's bytes leaving the rank per step (step_wire)."""
+    formula's bytes leaving the rank per step (step_wire); with `ranks_per_node` and the p2p
+    method, also the bytes sent to other nodes, recorded and by `cross_node_bytes`."""
     stats: RouterStats
     """The ranks' router statistics merged (equal to the reference's, checked)."""
     reference: RouterStats
@@ -95,24 +98,34 @@ def _rank(rank: int, world_size: int, cfg: dict, layout: Layout, tokens: list[in
     ops = [(phase, e.op, e.peer if e.peer is not None else e.group, e.nbytes)
            for phase, trace in (("forward", fwd), ("backward", bwd), ("reduce", red))
            for e in trace]
+    shared = [] if ep.shared is None else [p.grad.cpu() for p in ep.shared.parameters()]
     return dict(y=out.y.detach().cpu(), x_grad=x.grad.cpu(),
                 router=ep.router.weight.grad.cpu(), first=ep.experts.first,
-                experts=[p.grad.cpu() for p in ep.experts.parameters()],
+                experts=[p.grad.cpu() for p in ep.experts.parameters()], shared=shared,
                 stats=out.stats, load=out.stats.load, capacity=out.stats.capacity[0], ops=ops)
 
 
 def compare(*, d_model: int, d_ff: int, num_experts: int, top_k: int,
             capacity_factor: float | None, tokens: Sequence[int], layout: Layout | None = None,
             pad: bool = False, method: str = "all_to_all_single", seed: int = 0,
-            timeout: float = 60) -> EPComparison:
+            score: str = "softmax", num_shared: int = 0, ranks_per_node: int | None = None,
+            max_nodes: int | None = None, timeout: float = 60) -> EPComparison:
     """Run `ExpertParallelMoE` on len(tokens) ranks (rank r routes tokens[r] tokens) under
-    `layout` (default: ep over every rank), and compare with the single-process layer."""
+    `layout` (default: ep over every rank), and compare with the single-process layer.
+    `score`, `num_shared`: the router's scores and shared experts (`MoELayer`); the ep group's
+    ranks sit in nodes of `ranks_per_node`, and `max_nodes` limits each token to that many."""
     tokens = [int(t) for t in tokens]
     p = len(tokens)
     layout = Layout(dp=p, ep=p) if layout is None else layout
     layout.check(p)
+    if max_nodes is not None and ranks_per_node is None:
+        raise ValueError("compare: max_nodes needs ranks_per_node (which ranks form a node)")
+    if ranks_per_node is not None and layout.ep % ranks_per_node:
+        raise ValueError(f"compare: ranks_per_node={ranks_per_node} must divide ep={layout.ep}")
+    nodes = 1 if ranks_per_node is None else layout.ep // ranks_per_node
     cfg = dict(d_model=d_model, d_ff=d_ff, num_experts=num_experts, top_k=top_k,
-               capacity_factor=capacity_factor)
+               capacity_factor=capacity_factor, score=score, num_shared=num_shared,
+               nodes=nodes, max_nodes=max_nodes)
     results = spawn(_rank, p, cfg, layout, tokens, seed, pad, method, echo=False,
                     timeout=timeout)
 
@@ -133,7 +146,13 @@ def compare(*, d_model: int, d_ff: int, num_experts: int, top_k: int,
             expert_err = max(expert_err, (mine - full.grad[r["first"]:r["first"] + n])
                              .abs().max().item())
     errors["expert_grad"] = expert_err
-    return EPComparison(errors=errors, traffic=_traffic(results, layout, d_model, pad, method),
+    if ref.shared is not None:
+        errors["shared_grad"] = max((mine - full.grad).abs().max().item() for r in results
+                                    for mine, full in zip(r["shared"], ref.shared.parameters()))
+    traffic = _traffic(results, layout, d_model, pad, method)
+    if ranks_per_node is not None and method == "p2p":
+        traffic = traffic.join(_cross_traffic(results, layout, d_model, pad, ranks_per_node))
+    return EPComparison(errors=errors, traffic=traffic,
                         stats=merge([r["stats"] for r in results]), reference=out.stats,
                         ops={rank: r["ops"] for rank, r in enumerate(results)})
 
@@ -164,6 +183,24 @@ def _traffic(results: list[dict], layout: Layout, d_model: int, pad: bool,
                              backward_formula=f[f"backward_{kind}"],
                              step_wire=f["step_wire"]))
     return pd.DataFrame(rows).sort_values("rank").set_index("rank")
+
+
+def _cross_traffic(results: list[dict], layout: Layout, d_model: int, pad: bool,
+                   ranks_per_node: int) -> pd.DataFrame:
+    """Per rank: bytes its isends carried to ranks of other nodes of its ep group (forward and
+    backward), beside `cross_node_bytes`."""
+    rows = []
+    for group in layout.groups("ep"):
+        node = {g: i // ranks_per_node for i, g in enumerate(group)}
+        loads = [results[r]["load"] for r in group]
+        caps = [results[r]["capacity"] for r in group]
+        formula = cross_node_bytes(rows_per_expert(loads, caps, pad=pad),
+                                   ranks_per_node=ranks_per_node, hidden=d_model, elem_bytes=8)
+        for rank, f in zip(group, formula):
+            sent = sum(n for phase, op, peer, n in results[rank]["ops"]
+                       if phase != "reduce" and op == "isend" and node[peer] != node[rank])
+            rows.append(dict(rank=rank, cross_node_recorded=sent, cross_node_formula=f["step"]))
+    return pd.DataFrame(rows).set_index("rank")
 
 
 def _support(rank: int, world_size: int) -> dict[str, str]:

@@ -16,6 +16,16 @@ gradient is ready (lesson 04's compute spans). Each rank writes its Chrome trace
 ``folder/<variant>-rank<r>.json``; the parent reads them back (`ProfiledStep.traces`), and
 `toolkit.viz.trace` parses and merges them.
 
+Memory (``profile_memory=True``): the profiler also records every allocation and free of the
+step (``[memory]`` events, read by `toolkit.viz.memory_trace.profiler_allocations`), and on a
+GPU each rank records the CUDA caching allocator's history around the step
+(``torch.cuda.memory._record_memory_history``) and saves ``torch.cuda.memory._snapshot()`` as
+``folder/<label>-rank<r>-snapshot.pickle`` (the file https://pytorch.org/memory_viz opens;
+`ProfiledStep.snapshots` holds them loaded). Backends: ``"gloo"`` (default: CPU ranks, the
+traces name gloo's threads), ``"nccl"`` (one GPU per rank; Kineto adds the kernels of every
+CUDA stream, NCCL's among them), or ``"auto"``. CUDA is only ever touched inside the ranks, which
+NCCL starts as fresh interpreters, so the calling process stays safe to fork later ranks.
+
 The slow variants are lesson 06's exercises, each one change from ``"overlapped"``:
 ``"blocking"`` all-reduces after backward (`BucketedDDP`); ``"small buckets"`` caps buckets at
 1 KiB (one all-reduce per tensor); ``"copy in a loop"`` moves the batch to the device one
@@ -25,6 +35,7 @@ sample at a time (a host-to-device copy per sample on a GPU; a real copy per sam
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import time
 from dataclasses import dataclass, field
@@ -82,7 +93,8 @@ def _wrap(variant: str, model: nn.Module, cap_mb: float) -> nn.Module:
 
 
 def _profiled_rank(rank: int, world_size: int, variant: str, width: int, depth: int,
-                   batch: int, cap_mb: float, folder: str) -> dict:
+                   batch: int, cap_mb: float, folder: str, label: str,
+                   profile_memory: bool) -> dict:
     dev = device()
     model = TinyMLP(d_in=width, d_hidden=width, d_out=width, depth=depth, seed=0, device=dev)
     marks: list[tuple[str, float]] = []  # (label, time) when each Linear's weight gradient is final
@@ -111,15 +123,24 @@ def _profiled_rank(rank: int, world_size: int, variant: str, width: int, depth: 
 
     for _ in range(2):  # warm-up: allocations; torch DDP rebuilds its buckets in the 2nd forward
         step()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    cuda = dev.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    snapshot_path = Path(folder) / f"{label}-rank{rank}-snapshot.pickle"
+    if profile_memory and cuda:  # the allocator's history from here on, Python stacks only
+        torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
     dist.barrier()  # both ranks start the traced step together
     marks.clear()
-    with profile(activities=activities, record_shapes=True) as prof, comm.recording() as trace:
+    with profile(activities=activities, record_shapes=True,
+                 profile_memory=profile_memory) as prof, comm.recording() as trace:
         t0 = time.time()
         step()
-        if dev.type == "cuda":
+        if cuda:
             torch.cuda.synchronize(dev)  # the kernels have run before the profile closes
-    path = Path(folder) / f"{variant.replace(' ', '-')}-rank{rank}.json"
+    if profile_memory and cuda:
+        with open(snapshot_path, "wb") as f:
+            pickle.dump(torch.cuda.memory._snapshot(), f)
+        torch.cuda.memory._record_memory_history(enabled=None)
+    path = Path(folder) / f"{label}-rank{rank}.json"
     prof.export_chrome_trace(str(path))
     spans, prev = [], t0
     for label, t in marks:
@@ -128,7 +149,8 @@ def _profiled_rank(rank: int, world_size: int, variant: str, width: int, depth: 
     buckets = len(getattr(ddp, "buckets", ())) or None
     dist.barrier()  # no rank exits while a peer may still talk to it
     return {"path": str(path), "events": [e.as_tuple() for e in trace], "compute": spans,
-            "buckets": buckets}
+            "buckets": buckets, "device": str(dev),
+            "snapshot": str(snapshot_path) if profile_memory and cuda else None}
 
 
 @dataclass
@@ -147,16 +169,26 @@ class ProfiledStep:
     """Per rank, backward compute spans from gradient-ready hooks (lesson 04's view)."""
     buckets: int | None = None
     """Buckets of the toolkit's wrapper (None for torch DDP, which keeps them in C++)."""
+    devices: list[str] = field(default_factory=list)
+    """Each rank's device (``cpu``, ``cuda:0``...), in rank order."""
+    snapshots: list[dict] | None = None
+    """Each rank's CUDA memory snapshot (``profile_memory`` on a GPU), in rank order."""
 
 
 def profile_step(variant: str = "overlapped", *, folder: str | Path, world_size: int = 2,
                  width: int = 256, depth: int = 4, batch: int = 512, cap_mb: float = 0.25,
+                 backend: str = "gloo", profile_memory: bool = False, label: str | None = None,
                  timeout: float = 60) -> ProfiledStep:
-    """Profile one step of `variant` (`VARIANTS`) on `world_size` gloo ranks (module
-    docstring); `batch` samples per rank. Call `warm_profiler` first in a notebook."""
+    """Profile one step of `variant` (`VARIANTS`) on `world_size` ranks of `backend` (module
+    docstring); `batch` samples per rank; files named after `label` (default: the variant).
+    Call `warm_profiler` first in a notebook."""
     if variant not in VARIANTS:
         raise ValueError(f"profile_step: variant must be one of {list(VARIANTS)}, got "
                          f"{variant!r}")
+    if backend not in ("gloo", "nccl", "auto"):
+        raise ValueError(f"profile_step: backend must be 'gloo', 'nccl' or 'auto', got "
+                         f"{backend!r}")
+    label = (label or variant).replace(" ", "-")
     check_int("profile_step", "world_size", world_size, low=1)
     for name, value in (("width", width), ("depth", depth), ("batch", batch)):
         check_int("profile_step", name, value)
@@ -166,20 +198,32 @@ def profile_step(variant: str = "overlapped", *, folder: str | Path, world_size:
         raise ValueError(f"profile_step: folder {folder} does not exist; create it first "
                          "(e.g. tempfile.mkdtemp())")
     out = spawn(_profiled_rank, world_size, variant, width, depth, batch, cap_mb, str(folder),
-                echo=False, timeout=timeout)
+                label, profile_memory, backend=backend, echo=False, timeout=timeout)
     paths = [Path(r["path"]) for r in out]
     traces = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+    snapshots = None
+    if all(r["snapshot"] for r in out):
+        snapshots = []
+        for r in out:  # written by our own ranks a moment ago
+            with open(r["snapshot"], "rb") as f:
+                snapshots.append(pickle.load(f))
     return ProfiledStep(variant=variant, paths=paths, traces=traces,
                         recorded=[Event.from_tuple(e) for r in out for e in r["events"]],
                         compute={rank: r["compute"] for rank, r in enumerate(out)},
-                        buckets=out[0]["buckets"])
+                        buckets=out[0]["buckets"], devices=[r["device"] for r in out],
+                        snapshots=snapshots)
 
 
 def mystery_steps(*, folder: str | Path, seed: int = 0, world_size: int = 2,
                   timeout: float = 60) -> dict[str, ProfiledStep]:
     """The three slow variants profiled with `EXERCISE_SETUP`, under the names "A", "B", "C" in
-    an order drawn from `seed` (lesson 06's exercise: which bottleneck is which?)."""
+    an order drawn from `seed` (lesson 06's exercise: which bottleneck is which?). Each step's
+    ``variant`` and file names say only its letter: the answer is in the traces."""
     order = random.Random(seed).sample(SLOW, k=len(SLOW))
-    return {name: profile_step(variant, folder=folder, world_size=world_size, timeout=timeout,
-                               **EXERCISE_SETUP)
-            for name, variant in zip("ABC", order)}
+    steps = {}
+    for name, variant in zip("ABC", order):
+        run = profile_step(variant, folder=folder, world_size=world_size, timeout=timeout,
+                           label=f"mystery-{name}", **EXERCISE_SETUP)
+        run.variant = f"mystery {name}"
+        steps[name] = run
+    return steps

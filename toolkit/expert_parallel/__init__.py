@@ -9,17 +9,24 @@ expert parallelism each rank holds E/ep of them and tokens travel by all-to-all.
 
 Sources: Shazeer et al., 2017 (the sparsely-gated layer), Lepikhin et al., 2020, "GShard" (top-2
 gating, capacity per group, the all-to-all dispatch and combine), Fedus et al., 2022, "Switch
-Transformers" (top-1, the capacity factor, the load-balancing loss of eq. 4). The formulas that
-start no process (capacity, dropped tokens, bytes per rank) are `toolkit.cost.experts`.
+Transformers" (top-1, the capacity factor, the load-balancing loss of eq. 4); the routers of
+2024-25: Dai et al., 2024, "DeepSeekMoE" (fine-grained and shared experts), Zoph et al., 2022,
+"ST-MoE" (router z-loss), Wang et al., 2024 and DeepSeek-V3 (auxiliary-loss-free balancing,
+node-limited routing). The formulas that start no process (capacity, dropped tokens, bytes per
+rank and per node, fine-grained shapes) are `toolkit.cost.experts`.
 
 ==============  ================================================================================
 module          holds
 ==============  ================================================================================
-`router`        `route` (softmax, top-k, gates, slots, capacity), `Routing`, `slots`,
-                `load_balancing_loss`
+`router`        `route` (softmax or sigmoid, top-k, gates, slots, capacity; a balancing bias;
+                node-limited choice), `Routing`, `slots`, `load_balancing_loss`,
+                `router_z_loss`, `node_limited_mask`, `nodes_touched`
+`balance`       auxiliary-loss-free balancing: `update_bias`, `balance_step` (the load
+                all-reduced over ranks), `max_violation`, `simulate` (one process)
 `stats`         `RouterStats` (tokens per expert, dropped, imbalance, padding), `router_stats`,
                 `merge`
-`experts`       `Experts`: E MLPs with stacked weights, `slice` for a rank's share
+`experts`       `Experts`: E MLPs with stacked weights, `slice` for a rank's share;
+                `SharedExperts` (DeepSeekMoE's shared experts, replicated)
 `exchange`      `all_to_all` (all_to_all_single with uneven splits, or isend/irecv) and its
                 differentiable `AllToAll`
 `dispatch`      `dispatch` (tokens to their experts' ranks), `combine` (outputs back, gated), the
@@ -31,19 +38,24 @@ module          holds
 """
 
 from ..cost.experts import expert_capacity
+from .balance import balance_step, max_violation, simulate, update_bias
 from .dispatch import Dispatched, combine, dispatch
 from .exchange import METHODS, AllToAll, all_to_all
-from .experts import Experts
+from .experts import Experts, SharedExperts
 from .layer import MoELayer, MoEOutput, moe_forward
 from .parallel import (
     ExpertParallelMoE, dense_parameters, expert_parameters, expert_process_groups,
     reduce_gradients,
 )
-from .router import Routing, load_balancing_loss, route, slots
+from .router import (
+    SCORES, Routing, load_balancing_loss, node_limited_mask, nodes_touched, route, router_z_loss,
+    slots,
+)
 from .stats import RouterStats, merge, router_stats
 
-__all__ = ["METHODS", "AllToAll", "Dispatched", "ExpertParallelMoE", "Experts", "MoELayer",
-           "MoEOutput", "RouterStats", "Routing", "all_to_all", "combine", "dense_parameters",
-           "dispatch", "expert_capacity", "expert_parameters", "expert_process_groups",
-           "load_balancing_loss", "merge", "moe_forward", "reduce_gradients", "route",
-           "router_stats", "slots"]
+__all__ = ["METHODS", "SCORES", "AllToAll", "Dispatched", "ExpertParallelMoE", "Experts",
+           "MoELayer", "MoEOutput", "RouterStats", "Routing", "SharedExperts", "all_to_all",
+           "balance_step", "combine", "dense_parameters", "dispatch", "expert_capacity",
+           "expert_parameters", "expert_process_groups", "load_balancing_loss", "max_violation",
+           "merge", "moe_forward", "node_limited_mask", "nodes_touched", "reduce_gradients",
+           "route", "router_stats", "router_z_loss", "simulate", "slots", "update_bias"]

@@ -13,6 +13,13 @@ Rows arrive grouped by expert (`toolkit.expert_parallel.dispatch`): `counts[i]` 
 expert this bank holds, one after another. A bank made by `slice(first, n)` holds experts
 [first, first + n) of the full bank, as parameters of their own (expert parallelism: rank r of
 ep holds E/ep experts).
+
+`SharedExperts` are DeepSeekMoE's *shared* experts (Dai et al., 2024, arXiv:2401.06066, §3.2;
+DeepSeek-V3 §2.1.2): K_s MLPs of the same shape that every token runs, ungated, beside its k
+routed ones: y_t = Σ_{i ≤ K_s} S_i(x_t) + Σ_j g_t,j·E_e_t,j(x_t). They hold what every token
+needs, so the routed experts need not each learn it again. Under expert parallelism they are
+replicated on every rank like the router (their gradients summed over the data-parallel ranks),
+never sent anywhere.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from torch import Tensor, nn
 
 from ..arguments import check_int
 
-__all__ = ["Experts", "uniform_"]
+__all__ = ["Experts", "SharedExperts", "uniform_"]
 
 
 @torch.no_grad()
@@ -99,3 +106,39 @@ class Experts(nn.Module):
     def extra_repr(self) -> str:
         return (f"experts {self.first}..{self.first + self.num_experts - 1}, "
                 f"d_model={self.w1.shape[1]}, d_ff={self.w1.shape[2]}")
+
+
+class SharedExperts(nn.Module):
+    """`num_shared` MLPs d → f → d that every token runs, ungated, their outputs summed (module
+    docstring): a replicated module, deliberately not an `Experts` bank, so that
+    `expert_parameters` leaves it with the dense parameters."""
+
+    def __init__(self, num_shared: int, d_model: int, d_ff: int, *,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        for name, v in (("num_shared", num_shared), ("d_model", d_model), ("d_ff", d_ff)):
+            check_int("SharedExperts", name, v)
+        s, d, f = num_shared, d_model, d_ff
+        self.w1 = nn.Parameter(torch.empty(s, d, f, device=device, dtype=dtype))
+        self.b1 = nn.Parameter(torch.empty(s, f, device=device, dtype=dtype))
+        self.w2 = nn.Parameter(torch.empty(s, f, d, device=device, dtype=dtype))
+        self.b2 = nn.Parameter(torch.empty(s, d, device=device, dtype=dtype))
+        for p, fan_in in ((self.w1, d), (self.b1, d), (self.w2, f), (self.b2, f)):
+            uniform_(p, fan_in, generator)
+
+    @property
+    def num_shared(self) -> int:
+        return self.w1.shape[0]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(T, d) → (T, d): Σ_i S_i(x)."""
+        out = x.new_zeros(x.shape)
+        for i in range(self.num_shared):
+            h = F.gelu(x @ self.w1[i] + self.b1[i])      # (T, d) @ (d, f)
+            out = out + h @ self.w2[i] + self.b2[i]      # (T, f) @ (f, d)
+        return out
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_shared} shared, d_model={self.w1.shape[1]}, "
+                f"d_ff={self.w1.shape[2]}")

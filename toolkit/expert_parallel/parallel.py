@@ -17,6 +17,11 @@ all data-parallel ranks. Sums, not means: each rank's loss must be its share of 
 (divided by the global token count), so that the sum of the ranks' gradients is the gradient of
 the whole batch. Then ExpertParallelMoE on p ranks equals `MoELayer(x, group_sizes=[T_0, …])` on
 one process: outputs, gradients, router statistics.
+
+The routers of 2024-25 carry over unchanged (`layer.py`): shared experts are replicated like
+the router (dense parameters, summed over the data-parallel ranks); the balancing bias is a
+buffer every rank moves with the same all-reduced load (`balance.balance_step`); node-limited
+routing counts a node as `nodes` equal blocks of consecutive ranks of the ep group.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from torch import Tensor, nn
 
 from ..planner.layout import Layout
 from .exchange import METHODS, group_info
-from .experts import Experts
+from .experts import Experts, SharedExperts
 from .layer import MoELayer, MoEOutput, moe_forward
 
 __all__ = ["ExpertParallelMoE", "dense_parameters", "expert_parameters", "expert_process_groups",
@@ -45,7 +50,8 @@ class ExpertParallelMoE(nn.Module):
 
     def __init__(self, router: nn.Linear, experts: Experts, *, num_experts: int, top_k: int,
                  capacity_factor: float | None, group: Any, pad: bool = False,
-                 method: str = "all_to_all_single") -> None:
+                 method: str = "all_to_all_single", shared: SharedExperts | None = None,
+                 expert_bias: Tensor | None = None, routing: dict | None = None) -> None:
         super().__init__()
         if method not in METHODS:
             raise ValueError(f"ExpertParallelMoE: method must be one of {METHODS}, "
@@ -56,6 +62,8 @@ class ExpertParallelMoE(nn.Module):
         self.router, self.experts = router, experts
         self.num_experts, self.top_k, self.capacity_factor = num_experts, top_k, capacity_factor
         self.group, self.pad, self.method = group, bool(pad), method
+        self.shared, self.routing = shared, dict(routing or {})
+        self.register_buffer("expert_bias", expert_bias)
 
     @classmethod
     def from_dense(cls, moe: MoELayer, *, group: Any = None, pad: bool | None = None,
@@ -69,16 +77,19 @@ class ExpertParallelMoE(nn.Module):
             raise ValueError(f"ExpertParallelMoE: {moe.num_experts} experts cannot be shared by "
                              f"an expert-parallel group of {p} ranks; choose ep dividing E")
         local = moe.num_experts // p
+        bias = None if moe.expert_bias is None else moe.expert_bias.clone()
         return cls(copy.deepcopy(moe.router), moe.experts.slice(me * local, local),
                    num_experts=moe.num_experts, top_k=moe.top_k,
                    capacity_factor=moe.capacity_factor, group=group,
-                   pad=moe.pad if pad is None else pad, method=method)
+                   pad=moe.pad if pad is None else pad, method=method,
+                   shared=copy.deepcopy(moe.shared), expert_bias=bias, routing=moe.routing)
 
     def forward(self, x: Tensor) -> MoEOutput:
         flat = x.reshape(-1, x.shape[-1])
         out = moe_forward(flat, self.router, self.experts, top_k=self.top_k,
                           capacity_factor=self.capacity_factor, group=self.group, pad=self.pad,
-                          method=self.method)
+                          method=self.method, shared=self.shared, bias=self.expert_bias,
+                          routing=self.routing)
         out.y = out.y.view_as(x)
         return out
 

@@ -10,7 +10,8 @@ A `Store` holds named flat tensors (one per optimizer state: "exp_avg", "exp_avg
     read(name, lo, hi, out)    out ← store[name][lo:hi]     (hi − lo)·itemsize bytes in
     write(name, lo, hi, src)   store[name][lo:hi] ← src      (hi − lo)·itemsize bytes out
 
-Both count what they move (`bytes_read`, `bytes_written`) and return only when the copy is
+Both count what they move (`bytes_read`, `bytes_written`, and the largest single transfer,
+`largest_transfer`: the device buffer a chunked step needs) and return only when the copy is
 complete, also for a GPU copy issued with ``non_blocking`` on the caller's stream.
 
 `HostStore` keeps a CPU tensor per name, pinned (page-locked) when `pin=True`: a GPU then copies
@@ -76,6 +77,8 @@ class Store(ABC):
         """Bytes copied out of the store since it was made (all `read` calls)."""
         self.bytes_written = 0
         """Bytes copied into the store since it was made (all `write` calls)."""
+        self.largest_transfer = 0
+        """Bytes of the largest single `read` or `write` so far."""
 
     def allocate(self, name: str, numel: int, dtype: torch.dtype) -> None:
         """Make room for the tensor `name` (no-op when it exists with this size and dtype)."""
@@ -109,14 +112,18 @@ class Store(ABC):
         src = self._tensors[name][lo:hi]
         out.copy_(src, non_blocking=out.device.type == "cuda")
         _finish(out)
-        self.bytes_read += src.numel() * src.element_size()
+        nbytes = src.numel() * src.element_size()
+        self.bytes_read += nbytes
+        self.largest_transfer = max(self.largest_transfer, nbytes)
 
     def write(self, name: str, lo: int, hi: int, src: Tensor) -> None:
         """``store[name][lo:hi] ← src`` (src has hi − lo elements, on any device)."""
         dst = self._tensors[name][lo:hi]
         dst.copy_(src, non_blocking=src.device.type == "cuda")
         _finish(src)
-        self.bytes_written += dst.numel() * dst.element_size()
+        nbytes = dst.numel() * dst.element_size()
+        self.bytes_written += nbytes
+        self.largest_transfer = max(self.largest_transfer, nbytes)
         self._written(name, lo, hi)
 
     def _written(self, name: str, lo: int, hi: int) -> None:  # noqa: B027 (a hook, default: none)

@@ -25,6 +25,22 @@ group. Terms that differ from the dense model (`plan.py`, whose docstring has th
 Router activations (T·E numbers) and the counts exchanged before each dispatch are left out.
 Balanced routing is assumed: a skewed router makes the busiest rank's all-to-all and experts
 slower (lesson 13's explorer), which this model does not see.
+
+**Fits** means memory ≤ (1 − headroom) · the GPU's memory: `MEMORY_HEADROOM` of every GPU is kept
+for what the model does not count (allocator fragmentation, communication buffers, the CUDA
+context, kernels' workspaces). Memory is in bytes, shown in GiB (2³⁰ bytes; an "80 GB" H100
+holds 80 GiB).
+
+**Folding** (`folded_groups`): Megatron-Core's MoE parallel folding (Liu et al., 2025,
+arXiv:2504.14960) lets the MoE layers use their own grid over the same ranks: the attention
+layers see tp × cp × dp per stage, the MoE layers etp × ep × edp (etp: expert tensor
+parallelism, each expert's matrices split over etp ranks; etp fastest, then ep), with
+
+    tp · cp · dp = etp · ep · edp,   i.e.   edp = world / (ep · etp · pp)
+
+so ep may be larger than dp (it folds over tp and cp ranks as well), and the all-to-all of a
+small ep stays among neighbouring ranks (inside a node). `Layout`'s "ep" and "edp" groups are
+the case etp = 1.
 """
 
 from __future__ import annotations
@@ -43,7 +59,12 @@ from .layout import Layout
 from .moe_shapes import MoEShape, moe_shape
 from .plan import EFFICIENCY, Prediction, divisors, layouts, plan_row, rank_plans
 
-__all__ = ["layouts_moe", "plan_moe", "predict_moe"]
+__all__ = ["MEMORY_HEADROOM", "folded_groups", "layouts_moe", "plan_moe", "predict_moe"]
+
+MEMORY_HEADROOM = 0.10
+"""Share of every GPU's memory a plan leaves free (module docstring). An assumption of this
+course, not a measurement: ZeRO (Rajbhandari et al., 2020, §3.2) saw fragmentation alone leave
+over 30 % of memory unusable in extreme cases; 10 % is a margin, not a guarantee."""
 
 
 def _as_moe(model: MoEShape | str) -> MoEShape:
@@ -53,6 +74,29 @@ def _as_moe(model: MoEShape | str) -> MoEShape:
         return moe_shape(model)
     raise TypeError(f"predict_moe: model must be an MoEShape or a name in MOE_MODELS, got "
                     f"{type(model).__name__}")
+
+
+def folded_groups(layout: Layout, *, etp: int = 1) -> dict[str, list[list[int]]]:
+    """The MoE layers' groups "etp", "ep" and "edp" when each pipeline stage's tp·cp·dp ranks
+    are laid out again as etp × ep × edp, etp fastest (module docstring); each list sorted as
+    `Layout.groups` sorts. With etp = 1, "ep" and "edp" are `layout.groups`' own."""
+    check_ints("folded_groups", etp=etp)
+    n, ep = layout.stage_size, layout.ep
+    if n % (ep * etp):
+        raise ValueError(f"folded_groups: ep × etp = {ep} × {etp} must divide the "
+                         f"{n} ranks of a stage (tp × cp × dp of {layout.label()})")
+    edp = n // (ep * etp)
+    out: dict[str, list[list[int]]] = {"etp": [], "ep": [], "edp": []}
+    for stage in range(layout.pp):
+        def rank(i_etp: int, i_ep: int, i_edp: int, base: int = stage * n) -> int:
+            return base + (i_edp * ep + i_ep) * etp + i_etp
+        out["etp"] += [[rank(i, j, k) for i in range(etp)] for j in range(ep)
+                       for k in range(edp)]
+        out["ep"] += [[rank(i, j, k) for j in range(ep)] for i in range(etp)
+                      for k in range(edp)]
+        out["edp"] += [[rank(i, j, k) for k in range(edp)] for i in range(etp)
+                       for j in range(ep)]
+    return {axis: sorted(groups) for axis, groups in out.items()}
 
 
 def _check(shape: MoEShape, d: Layout, s: int, global_batch: int, cf: float) -> None:
@@ -73,16 +117,20 @@ def _check(shape: MoEShape, d: Layout, s: int, global_batch: int, cf: float) -> 
 def predict_moe(model: MoEShape | str, cluster: Cluster, layout: Layout, *, global_batch: int,
                 seq_len: int | None = None, recipe: Recipe = MIXED_ADAM,
                 efficiency: float = EFFICIENCY, elem_bytes: int = 2,
-                capacity_factor: float = 1.0) -> Prediction:
+                capacity_factor: float = 1.0, headroom: float = MEMORY_HEADROOM) -> Prediction:
     """Memory per GPU and step time of an MoE model under `layout` (with ep) on `cluster`
     (module docstring); `capacity_factor` cf scales the expert rows each token costs in
-    compute, activations and all-to-all bytes (padded buffers). Arguments as `plan.predict`."""
+    compute, activations and all-to-all bytes (padded buffers); the plan fits when its memory
+    is at most (1 − `headroom`) of the GPU's. Arguments as `plan.predict`."""
     shape = _as_moe(model)
     s = shape.seq_len if seq_len is None else seq_len
     d = layout.check(cluster.world_size)
     check_ints("predict_moe", global_batch=global_batch, seq_len=s)
     if not 0 < efficiency <= 1:
         raise ValueError(f"predict_moe: efficiency must be in (0, 1], got {efficiency!r}")
+    if not is_number(headroom) or not 0 <= headroom < 1:
+        raise ValueError(f"predict_moe: headroom must be a share of memory in [0, 1) kept "
+                         f"free, got {headroom!r}")
     _check(shape, d, s, global_batch, capacity_factor)
     b, m = global_batch // (d.dp * d.micro_batches), d.micro_batches
     s_local, layers = s // d.cp, shape.layers // d.pp
@@ -149,7 +197,8 @@ def predict_moe(model: MoEShape | str, cluster: Cluster, layout: Layout, *, glob
                                link=cluster.link(d.span("edp"))))
     step = pipeline + dp_comm
     return Prediction(
-        states=states, activations=acts, buffers=buffers, fits=total <= cluster.memory_bytes,
+        states=states, activations=acts, buffers=buffers,
+        fits=total <= (1 - headroom) * cluster.memory_bytes,
         compute=compute, tp_comm=m * tp_mb, cp_comm=m * cp_mb, pp_comm=m * pp_mb,
         bubble=(d.pp - 1) * slot, bubble_fraction=bubble_fraction("1f1b", p=d.pp, m=m),
         dp_comm=dp_comm, step=step, model_flops=model_flops,
@@ -173,17 +222,18 @@ def layouts_moe(shape: MoEShape, cluster: Cluster, *, global_batch: int, seq_len
 def plan_moe(model: MoEShape | str, cluster: Cluster, *, global_batch: int,
              seq_len: int | None = None, recipe: Recipe = MIXED_ADAM,
              efficiency: float = EFFICIENCY, elem_bytes: int = 2, capacity_factor: float = 1.0,
-             **choices) -> pd.DataFrame:
+             headroom: float = MEMORY_HEADROOM, **choices) -> pd.DataFrame:
     """`predict_moe` every layout of `layouts_moe` and rank them as `plan.plan` does (fits
     first, fastest first, ties to the simpler layout, then the smaller ep). Columns as
-    `plan.plan`'s, plus ep, edp, ep_comm (s) and experts_GiB (the experts' share of states)."""
+    `plan.plan`'s, plus ep, edp, ep_comm (s) and experts_GiB (the experts' share of states);
+    `fits` keeps `headroom` of every GPU free."""
     shape = _as_moe(model)
     s = shape.seq_len if seq_len is None else seq_len
     rows = []
     for d in layouts_moe(shape, cluster, global_batch=global_batch, seq_len=s, **choices):
         p = predict_moe(shape, cluster, d, global_batch=global_batch, seq_len=s, recipe=recipe,
                         efficiency=efficiency, elem_bytes=elem_bytes,
-                        capacity_factor=capacity_factor)
+                        capacity_factor=capacity_factor, headroom=headroom)
         rows.append({**plan_row(d, p, global_batch), "ep": d.ep, "edp": d.edp,
                      "ep_comm": p.ep_comm, "experts_GiB": p.expert_states / GiB})
     if not rows:

@@ -31,7 +31,7 @@ from .cost import bus_bandwidth, cost_curves, cost_terms, predicted_times, traff
 from .pipeline import gantt, gantt_compare, gantt_memory
 from .planner import memory_time, mesh_grid, predicted_measured, time_bars
 from .data_parallel import computation_graph, training_curves
-from .experts import capacity_view, expert_loads
+from .experts import capacity_view, expert_loads, violation_curves
 from .ddp import overlap_timeline, scaling_figure
 from .memory import measured_vs_predicted, memory_bars, stage_bars
 from .recompute import recompute_tradeoff, recompute_view
@@ -47,4 +47,4 @@ __all__ = ["bus_bandwidth", "capacity_view", "computation_graph", "cost_curves",
            "predicted_times", "recompute_tradeoff", "recompute_view", "regime_curves",
            "slice_speedups", "scaling_figure", "stage_bars", "time_bars", "training_curves",
            "ring_animation", "ring_table", "timeline", "tp_time_view", "traffic_and_rounds",
-           "traffic_bars", "traffic_matrix"]
+           "traffic_bars", "traffic_matrix", "violation_curves"]

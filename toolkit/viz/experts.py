@@ -8,6 +8,8 @@ capacity cut, and what capacity and imbalance cost in dropped tokens, padding an
   busiest rank sends per MoE layer and step with padded buffers (E·C rows, whatever the router
   does) and with ragged ones (the kept rows only). The formulas: `toolkit.cost.experts`
   (capacity: Switch Transformers §2.2, eq. 3; bytes: derived there).
+* `violation_curves`: a router's imbalance step by step (Wang et al. 2024's MaxVio, max load /
+  mean − 1), e.g. without and with the auxiliary-loss-free bias (`expert_parallel.balance`).
 
 Pure functions: numbers in, plotly figure (and text) out.
 """
@@ -25,7 +27,7 @@ from ..cost.experts import (
     dropped, expert_capacity, padding_rows, rows_per_expert, skewed_loads, step_bytes,
 )
 
-__all__ = ["FACTORS", "capacity_curves", "capacity_view", "expert_loads"]
+__all__ = ["FACTORS", "capacity_curves", "capacity_view", "expert_loads", "violation_curves"]
 
 FACTORS = tuple(float(f) for f in np.round(np.arange(0.5, 4.01, 0.05), 2))
 """Capacity factors on the explorer's x axis."""
@@ -116,3 +118,18 @@ def capacity_view(*, capacity_factor: float, imbalance: float, num_experts: int 
                f"padded buffers, <b>{human_bytes(here['ragged_bytes'])}</b> sending kept rows "
                f"only.")
     return fig, verdict
+
+
+def violation_curves(series: dict[str, Sequence[float]], *, title: str = "") -> go.Figure:
+    """One line per series of MaxVio values (one per step, from step 1), y from 0."""
+    if not series or any(len(v) == 0 for v in series.values()):
+        raise ValueError("violation_curves: need at least one non-empty series of values")
+    fig = go.Figure()
+    for name, values in series.items():
+        fig.add_scatter(x=list(range(1, len(values) + 1)), y=list(values), name=name,
+                        mode="lines")
+    fig.update_layout(height=340, title=title, xaxis_title="step",
+                      yaxis_title="MaxVio = max load / mean load − 1",
+                      yaxis_rangemode="tozero", margin=dict(l=60, r=20, t=60, b=40),
+                      legend=dict(orientation="h", y=-0.25))
+    return fig

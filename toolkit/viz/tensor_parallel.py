@@ -23,6 +23,7 @@ from plotly.colors import qualitative
 
 from .. import cost
 from ..cost import AlphaBeta, human_bytes
+from ..formats import byte_unit
 
 __all__ = ["LINKS", "layer_traffic", "matmul_split", "tp_layer_time", "tp_time_view",
            "traffic_bars"]
@@ -107,13 +108,18 @@ def layer_traffic(*, batch: int, seq: int, hidden: int, p: int,
 
 def traffic_bars(rows: dict[str, dict[str, float]], *, title: str = "bytes sent per rank, "
                  "per layer and step") -> go.Figure:
-    """Grouped bars: ``rows[label][part] = bytes`` (e.g. {"recorded": …, "formula": …})."""
+    """Grouped bars: ``rows[label][part] = bytes`` (e.g. {"recorded": …, "formula": …}), drawn
+    in the IEC unit of the largest bar (`toolkit.formats.byte_unit`), each bar labelled in the
+    same unit as the axis."""
+    top = max((abs(v) for parts in rows.values() for v in parts.values()), default=0)
+    unit, scale = byte_unit(top)
     fig = go.Figure()
     for label, parts in rows.items():
-        fig.add_bar(name=label, x=list(parts), y=list(parts.values()),
-                    text=[human_bytes(v) for v in parts.values()], textposition="outside")
-    fig.update_layout(barmode="group", title=title, yaxis_title="bytes", height=380,
-                      margin=dict(l=60, r=20, t=60, b=40))
+        fig.add_bar(name=label, x=list(parts), y=[v / scale for v in parts.values()],
+                    text=[f"{v / scale:.4g} {unit}" for v in parts.values()],
+                    textposition="outside")
+    fig.update_layout(barmode="group", title=title, yaxis_title=unit, height=380,
+                      yaxis_rangemode="tozero", margin=dict(l=60, r=20, t=60, b=40))
     return fig
 
 
