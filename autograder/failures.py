@@ -19,6 +19,7 @@ KINDS = {
     "wrong_result": "ran, but the result or the traffic is not what the check expects",
     "builtin_collective": "used a torch built-in collective this lab does not allow",
     "missing_file": "the submission lacks a file the lab asks for",
+    "ambiguous_file": "several files could be the one the lab asks for",
     "syntax_error": "the file does not parse",
     "import_error": "the module could not be imported",
     "forbidden_import": "imported a module the lab forbids",

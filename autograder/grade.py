@@ -38,6 +38,7 @@ from .sandbox.limits import Limits
 from .sandbox.plan import CasePlan, Job, LaunchPlan
 from .sandbox.scratch import unmount_below
 from .sandbox.session import run_session
+from .submission import Problem, locate, parse_problem
 
 HARNESS = "_lab_harness.py"
 
@@ -50,6 +51,10 @@ class GradeResult:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     sandbox: str = ""
+    files: dict[str, str] = field(default_factory=dict)
+    """{lab file name: the path graded for it} (the report names what it graded)."""
+    problem: Problem | None = None
+    """What stopped every check before any ran (a missing file, a syntax error): said once."""
 
     @property
     def score(self) -> float:
@@ -58,34 +63,6 @@ class GradeResult:
     @property
     def max_score(self) -> float:
         return self.lab.max_score
-
-
-def _files(lab: Lab, submission: Path) -> tuple[dict[str, bytes], list[str]]:
-    wanted, found = list(lab.info.student_files), {}
-    if submission.is_file():
-        if submission.name in wanted or len(wanted) == 1:
-            name = submission.name if submission.name in wanted else wanted[0]
-            found[name] = submission.read_bytes()
-    elif submission.is_dir():
-        for name in wanted:
-            hits = [submission / name] + sorted(submission.rglob(name))
-            hit = next((h for h in hits if h.is_file()), None)
-            if hit is not None:
-                found[name] = hit.read_bytes()
-    return found, [n for n in wanted if n not in found]
-
-
-def _syntax(files: dict[str, bytes]) -> str | None:
-    for name, source in files.items():
-        try:
-            tree = ast.parse(source, filename=name)
-            compile(tree, name, "exec")
-        except SyntaxError as err:
-            return f"{name} line {err.lineno}: {err.msg}" + (
-                f"\n    {err.text.rstrip()}" if err.text else "")
-        except ValueError as err:  # null bytes
-            return f"{name}: {err}"
-    return None
 
 
 def _defined_names(source: bytes) -> set[str]:
@@ -168,10 +145,16 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
     start = time.monotonic()
     submission = Path(submission)
     result = GradeResult(lab, str(submission))
-    files, missing = _files(lab, submission)
+    paths, problem = locate(lab.info.student_files, (lab.info.slug, lab.path.name), submission)
+    result.files = {name: str(path) for name, path in paths.items()}
+    files = {name: path.read_bytes() for name, path in paths.items()}
 
-    def zero_all(kind: str, message: str) -> GradeResult:
-        result.checks = [CheckResult(c, 0.0, 0, len(c.cases), kind, message) for c in lab.checks]
+    def zero_all(problem: Problem) -> GradeResult:
+        # Said once (GradeResult.problem); each check only says that it did not run, and why.
+        result.problem = problem
+        result.checks = [CheckResult(c, 0.0, 0, len(c.cases), problem.kind,
+                                     "Not run: see the problem above the checks.")
+                         for c in lab.checks]
         result.seconds = time.monotonic() - start
         return result
 
@@ -179,15 +162,17 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
         else None
     if shared:
         result.notes.append(shared)
-    if not lab.hidden_loaded:
+    if lab.hidden_listed:
+        listed = "; ".join(f"{name} ({points:g})" for name, points in lab.hidden_listed)
+        result.notes.append(f"This lab folder has the visible checks only: the score counts "
+                            f"them. Hidden checks, which your instructor's grader runs on what "
+                            f"you hand in: {listed}.")
+    elif not lab.hidden_loaded:
         result.notes.append("Hidden checks were not run (this lab folder has none, e.g. a "
                             "student edition): the score counts the visible checks only.")
-    if missing:
-        return zero_all("missing_file", f"The submission has no {', '.join(missing)} "
-                                        f"(looked in {submission}).")
-    error = _syntax(files)
-    if error:
-        return zero_all("syntax_error", f"Syntax error in {error}")
+    problem = problem or parse_problem(files)
+    if problem:
+        return zero_all(problem)
     defined = _defined_names(files[lab.info.student_files[0]])
     absent = [n for n in lab.info.names if n not in defined]
     if absent:
