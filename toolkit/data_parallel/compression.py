@@ -33,8 +33,8 @@ Shapes: the bucket's flat buffer (N,); memory (N,) per bucket; payloads (bytes,)
 buffer's device.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: torch's register_comm_hook checks that the hook's
+# `bucket` annotation *is* dist.GradBucket, which a string annotation is not.
 from dataclasses import dataclass, field
 from typing import Any
 
