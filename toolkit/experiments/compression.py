@@ -10,7 +10,8 @@ every collective a rank makes per step. Variants:
                       the same DDP with `compression.compressed_hook` (all-gather of payloads)
     method="onebit"   no DDP: `OneBitAdam` averages the gradient itself (fp32 during warm-up,
                       then its 1-bit all-to-all + all-gather)
-    optimizer         "sgd" (momentum 0.9) or "adam" (with method="onebit", Adam's settings)
+    optimizer         "sgd" (``momentum``, default 0: plain SGD, the setting of Stich et al.'s
+                      analysis) or "adam" (with method="onebit", Adam's settings)
 
 Bytes per step are exact and deterministic (`toolkit.cost.compression` predicts them); losses
 depend on floating-point order and, for QSGD, on its seeded rounding.
@@ -48,8 +49,10 @@ class Squeeze:
     method: str = "none"
     """One of ``none``, ``qsgd``, ``topk``, ``sign``, ``onebit``."""
     optimizer: str = "sgd"
-    """``"sgd"`` (momentum 0.9) or ``"adam"``; ``onebit`` is Adam."""
+    """``"sgd"`` or ``"adam"``; ``onebit`` is Adam."""
     lr: float = 0.05
+    momentum: float = 0.0
+    """SGD's momentum."""
     density: float = 0.01
     """top-k: fraction of entries sent."""
     levels: int = 4
@@ -110,7 +113,7 @@ def _train(rank: int, world_size: int, task: Task, variants: list[Squeeze], step
             forward = BucketedDDP(model, bucket_cap_mb=64.0)     # one bucket: Ψ elements
             if v.method != "none":
                 forward.register_comm_hook(v.state(), compressed_hook)
-            opt = (torch.optim.SGD(params, lr=v.lr, momentum=0.9) if v.optimizer == "sgd"
+            opt = (torch.optim.SGD(params, lr=v.lr, momentum=v.momentum) if v.optimizer == "sgd"
                    else torch.optim.Adam(params, lr=v.lr))
         out.append(train_recorded(task, model, forward, opt, x, y, steps=steps, rank=rank,
                                   world_size=world_size, batch=batch))
