@@ -27,7 +27,7 @@ from toolkit.data_parallel.ddp import BucketedDDP
 from toolkit.data_parallel.onebit_adam import OneBitAdam, onebit_allreduce
 from toolkit.data_parallel.quantize import topk_compress, topk_decompress
 from toolkit.data_parallel.zeropp import quantized_reduce_scatter
-from toolkit.experiments.compression import Squeeze, compare, hook_trial
+from toolkit.experiments.compression import Squeeze, compare, hook_trial, judge_topk_trial
 from toolkit.experiments.noise_scale import measure
 from toolkit.experiments.zeropp import exchange
 from toolkit.launch import spawn
@@ -207,18 +207,27 @@ def test_noise_scale_estimate_agrees_with_per_example_gradients():
     assert point.estimate.trace == pytest.approx(point.direct.trace, rel=0.25)
 
 
-def _topk_hook(state, bucket):
+def _topk_hook(state, bucket, *, smallest=False, index_dtype=torch.int32, divide=True,
+               remember=True, rank_by_grad=False):
     g = bucket.buffer()
     meant = g + state.residual.get(bucket.index(), torch.zeros_like(g))
-    values, idx = topk_compress(meant, state.k)
+    if rank_by_grad:            # chooses by the gradient alone, sends gradient + memory
+        idx = g.abs().topk(state.k).indices.to(torch.int32)
+        values = meant[idx.long()]
+    elif smallest:
+        idx = meant.abs().topk(state.k, largest=False).indices.to(torch.int32)
+        values = meant[idx.long()]
+    else:
+        values, idx = topk_compress(meant, state.k)
     applied = topk_decompress(values, idx, g.numel())
-    state.residual[bucket.index()] = meant - applied
+    if remember:
+        state.residual[bucket.index()] = meant - applied
     world = dist.get_world_size()
     all_v = values.new_empty(world * state.k)
-    all_i = idx.new_empty(world * state.k)
+    all_i = torch.empty(world * state.k, dtype=index_dtype)
     dist.all_gather_into_tensor(all_v, values)
-    dist.all_gather_into_tensor(all_i, idx)
-    g.copy_(topk_decompress(all_v, all_i, g.numel()) / world)
+    dist.all_gather_into_tensor(all_i, idx.to(index_dtype))
+    g.copy_(topk_decompress(all_v, all_i, g.numel()) / (world if divide else 1))
     fut = torch.futures.Future()
     fut.set_result(g)
     return fut
@@ -230,5 +239,38 @@ def test_hook_trial_reports_what_a_judge_needs():
         calls = [r[step] for r in runs]
         sent = [c["grad"] + c["before"] - c["after"] for c in calls]
         assert torch.allclose(sum(sent) / 2, calls[0]["result"])
-        assert all(c["ops"] == ["all_gather_into_tensor"] * 2 and c["nbytes"] == topk_bytes(20)
-                   for c in calls)
+        assert all(len(c["ops"]) == 2 and c["nbytes"] == topk_bytes(20) for c in calls)
+    assert judge_topk_trial(runs, 20) == []
+
+
+def _smallest(state, bucket):
+    return _topk_hook(state, bucket, smallest=True)
+
+
+def _int64(state, bucket):
+    return _topk_hook(state, bucket, index_dtype=torch.int64)
+
+
+def _summed(state, bucket):
+    return _topk_hook(state, bucket, divide=False)
+
+
+def _by_grad(state, bucket):
+    return _topk_hook(state, bucket, rank_by_grad=True)
+
+
+def _forgetful(state, bucket):
+    return _topk_hook(state, bucket, remember=False)
+
+
+@pytest.mark.parametrize("hook,problem", [
+    (_smallest, "0 nonzero entries were sent"),      # the smallest |entries| are zeros here
+    (_int64, "passed 240 bytes"),
+    (_summed, "not the mean over ranks"),
+    (_forgetful, "holds no memory"),
+    (_by_grad, "an entry was sent while a larger one"),
+])
+def test_the_top_k_judge_names_each_mistake(hook, problem):
+    runs = spawn(hook_trial, 2, hook, 20, 2, timeout=TIMEOUT)
+    problems = judge_topk_trial(runs, 20)
+    assert problems and problem in problems[0][0], problems

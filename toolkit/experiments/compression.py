@@ -18,7 +18,8 @@ depend on floating-point order and, for QSGD, on its seeded rounding.
 
 `hook_trial` runs a DDP communication hook written in a lesson (the top-k exercise) on TinyMLP
 and returns, per call, what a judge needs: the gradient, the memory before and after, the
-averaged result and the bytes and collectives the call made.
+averaged result and the bytes and collectives the call made. `judge_topk_trial` judges it by
+plain arithmetic (sums, comparisons, a byte count), never against a top-k written out.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ import torch
 
 from .. import comm
 from ..arguments import check_int, check_positive
+from ..cost.compression import topk_bytes
 from ..data_parallel.compression import CompressionState, compressed_hook
 from ..data_parallel.ddp import BucketedDDP
 from ..data_parallel.onebit_adam import OneBitAdam
 from ..launch import device, spawn
 from .training import Task, TrainedRun, mean_losses, train_recorded
 
-__all__ = ["Squeeze", "SqueezeRun", "TopKState", "compare", "hook_trial"]
+__all__ = ["Squeeze", "SqueezeRun", "TopKState", "compare", "hook_trial", "judge_topk_trial"]
 
 METHODS = ("none", "qsgd", "topk", "sign", "onebit")
 
@@ -184,3 +186,53 @@ def hook_trial(rank: int, world_size: int, hook: Callable[[Any, Any], Any], k: i
         task.loss(ddp, xb, yb).backward()
         opt.step()
     return calls
+
+
+def judge_topk_trial(per_rank: Sequence[Sequence[dict]], k: int) -> list[tuple[str, str]]:
+    """What is wrong with a top-k hook with error feedback, from `hook_trial`'s records of
+    every rank: (problem, hint) pairs, empty when every call of every rank is right. Checked per
+    call: the memory carried over from the last call; a = gradient + memory before, and the
+    entries sent (where the memory after differs from a) are k, the largest |a|, with memory
+    0 there (memory after + sent = a, exactly); the result is the mean over ranks of what each
+    sent, the same on every rank; the bytes passed to collectives are 8k (k fp32 values and k
+    int32 indices)."""
+    problems: list[tuple[str, str]] = []
+    world = len(per_rank)
+    for step in range(min(len(calls) for calls in per_rank)):
+        sent = []
+        for rank in range(world):
+            call, where = per_rank[rank][step], f"rank {rank}, call {step + 1}"
+            if call["after"] is None:
+                problems.append((f"{where}: state.residual holds no memory for the bucket after "
+                                 "the call", "keep the memory under the bucket's index()"))
+                return problems
+            if step and not torch.equal(call["before"], per_rank[rank][step - 1]["after"]):
+                problems.append((f"{where}: the memory the call started from is not the one the "
+                                 "previous call left", "read the memory back before replacing it"))
+            meant = call["grad"] + call["before"]
+            mask = call["after"] != meant
+            if int(mask.sum()) != k:
+                problems.append((f"{where}: {int(mask.sum())} nonzero entries were sent (left "
+                                 f"the memory), not k = {k}",
+                                 "send the k entries of gradient + memory largest in magnitude; "
+                                 "what was sent leaves the memory, the rest stays"))
+            elif (call["after"][mask] != 0).any():
+                problems.append((f"{where}: entries that were sent did not leave the memory "
+                                 "empty", "memory after = what you meant − what you sent"))
+            elif meant[mask].abs().min() < meant[~mask].abs().max():
+                problems.append((f"{where}: an entry was sent while a larger one (in magnitude) "
+                                 "was kept", "rank the entries of gradient + memory by |value|"))
+            if call["nbytes"] != topk_bytes(k):
+                problems.append((f"{where}: the call passed {call['nbytes']:,} bytes to "
+                                 f"{call['ops']}, not {topk_bytes(k):,}",
+                                 "k fp32 values and k int32 indices per rank, nothing more"))
+            sent.append(meant - call["after"])
+        mean = sum(sent) / world
+        for rank in range(world):
+            if not torch.allclose(per_rank[rank][step]["result"], mean, atol=1e-6):
+                problems.append((f"rank {rank}, call {step + 1}: the returned gradient is not the "
+                                 "mean over ranks of what each sent",
+                                 "every rank adds every rank's entries, then divides by p"))
+        if problems:
+            return problems
+    return problems
