@@ -116,7 +116,7 @@ def _train(rank: int, world_size: int, task: Task, variants: list[Squeeze], step
             if v.method != "none":
                 forward.register_comm_hook(v.state(), compressed_hook)
             opt = (torch.optim.SGD(params, lr=v.lr, momentum=v.momentum) if v.optimizer == "sgd"
-                   else torch.optim.Adam(params, lr=v.lr))
+                   else torch.optim.Adam(params, lr=v.lr, foreach=True))
         out.append(train_recorded(task, model, forward, opt, x, y, steps=steps, rank=rank,
                                   world_size=world_size, batch=batch))
     return out
