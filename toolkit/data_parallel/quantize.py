@@ -173,7 +173,7 @@ def from_payload(payload: Tensor, specs: list[tuple[torch.dtype, int]]) -> list[
     """Split a uint8 payload back into tensors of the given (dtype, numel), in order."""
     out, start = [], 0
     for dtype, numel in specs:
-        size = numel * torch.empty((), dtype=dtype).element_size()
+        size = numel * dtype.itemsize
         out.append(payload[start: start + size].clone().view(dtype))   # clone: aligned storage
         start += size
     if start != payload.numel():
