@@ -27,7 +27,9 @@ from toolkit.data_parallel.ddp import BucketedDDP
 from toolkit.data_parallel.onebit_adam import OneBitAdam, onebit_allreduce
 from toolkit.data_parallel.quantize import topk_compress, topk_decompress
 from toolkit.data_parallel.zeropp import quantized_reduce_scatter
-from toolkit.experiments.compression import Squeeze, compare, hook_trial, judge_topk_trial
+from toolkit.experiments.compression import (
+    Squeeze, compare, hook_trial, judge_topk_trial, trial_of,
+)
 from toolkit.experiments.noise_scale import measure
 from toolkit.experiments.zeropp import exchange
 from toolkit.launch import spawn
@@ -234,7 +236,9 @@ def _topk_hook(state, bucket, *, smallest=False, index_dtype=torch.int32, divide
 
 
 def test_hook_trial_reports_what_a_judge_needs():
-    runs = spawn(hook_trial, 2, _topk_hook, 20, 3, timeout=TIMEOUT)
+    fn = trial_of(_topk_hook, k=20, steps=3)
+    assert fn.__name__ == "_topk_hook"        # what exercises.attempt names while it is a stub
+    runs = spawn(fn, 2, timeout=TIMEOUT)
     for step in range(3):
         calls = [r[step] for r in runs]
         sent = [c["grad"] + c["before"] - c["after"] for c in calls]

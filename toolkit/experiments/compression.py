@@ -38,7 +38,8 @@ from ..data_parallel.onebit_adam import OneBitAdam
 from ..launch import device, spawn
 from .training import Task, TrainedRun, mean_losses, train_recorded
 
-__all__ = ["Squeeze", "SqueezeRun", "TopKState", "compare", "hook_trial", "judge_topk_trial"]
+__all__ = ["Squeeze", "SqueezeRun", "TopKState", "compare", "hook_trial", "judge_topk_trial",
+           "trial_of"]
 
 METHODS = ("none", "qsgd", "topk", "sign", "onebit")
 
@@ -186,6 +187,15 @@ def hook_trial(rank: int, world_size: int, hook: Callable[[Any, Any], Any], k: i
         task.loss(ddp, xb, yb).backward()
         opt.step()
     return calls
+
+
+def trial_of(hook: Callable[[Any, Any], Any], *, k: int, steps: int) -> Callable[[int, int], list]:
+    """`hook_trial` of ``hook`` as a rank function ``fn(rank, world_size)`` that bears the hook's
+    name, so that `toolkit.exercises.attempt` names the function a student has to fill in."""
+    def run(rank: int, world_size: int) -> list[dict]:
+        return hook_trial(rank, world_size, hook, k, steps)
+    run.__name__ = getattr(hook, "__name__", "hook")
+    return run
 
 
 def judge_topk_trial(per_rank: Sequence[Sequence[dict]], k: int) -> list[tuple[str, str]]:
