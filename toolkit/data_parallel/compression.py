@@ -44,6 +44,7 @@ from torch import Tensor
 
 from ..arguments import check_int
 from ..cost.compression import code_bits, topk_count
+from .powersgd import completed
 from .quantize import (
     ErrorFeedback, from_payload, pack_int4, pack_signs, qsgd_dequantize, qsgd_quantize,
     sign_decompress, to_payload, topk_compress, topk_decompress, unpack_int4,
@@ -133,12 +134,6 @@ def _decompress(state: CompressionState, parts: list[Tensor], n: int) -> Tensor:
     return qsgd_dequantize(codes, norms, levels=state.levels, block=state.block)
 
 
-def _done(value: Tensor) -> torch.futures.Future[torch.Tensor]:
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(value)
-    return fut
-
-
 def compressed_hook(state: CompressionState,
                     bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """A DDP communication hook: average ``bucket``'s gradient through ``state.method``.
@@ -155,7 +150,7 @@ def compressed_hook(state: CompressionState,
     if step < state.start_iter:
         buffer.div_(world)
         dist.all_reduce(buffer, group=group)
-        return _done(buffer)
+        return completed(buffer)
     n = buffer.numel()
     meant = (state.memory.compensate(key, buffer) if state.error_feedback
              else buffer.clone()).float()                             # a = g + e, (N,)
@@ -171,4 +166,4 @@ def compressed_hook(state: CompressionState,
     if state.error_feedback:
         state.memory.remember(key, meant, applied)                    # e = a − C(a)
     buffer.copy_(total.div_(world))
-    return _done(buffer)
+    return completed(buffer)
