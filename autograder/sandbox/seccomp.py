@@ -15,6 +15,17 @@ namespaces give each rank its own. What neither sees, and the filter refuses wit
   answers ENOSYS so the C library falls back to ``clone``), ``io_uring`` (it can open
   sockets without calling ``socket``), ``ptrace``, ``process_vm_readv/writev``,
   ``pidfd_getfd``, ``perf_event_open``, ``bpf``, ``userfaultfd``;
+* metadata: ``chmod``, ``chown``, ``utime`` and ``setxattr``/``removexattr`` in every form
+  (fd, path, ``*at``, ``fchmodat2``, ``setxattrat``, ``file_setattr``). A rank's world refuses
+  them already outside its $HOME (read-only mounts: EROFS; files it does not own: EPERM), and
+  within its $HOME they reach nobody; refused here too, they cannot become a channel or a
+  privilege however a mount is set up. The second red team of issue 30 made a root-owned
+  binary setuid from a rank that ran as uid 0, and passed gradients between ranks through
+  extended attributes;
+* mounts: ``mount``, ``umount2``, ``pivot_root``, ``chroot`` and the new mount API
+  (``open_tree``, ``move_mount``, ``fsopen``, ``fsconfig``, ``fsmount``, ``fspick``,
+  ``mount_setattr``, ``open_tree_attr``): a rank has no capability to use them, and none may
+  change its world once built;
 * calls that act on another process by pid (ranks may run as the grader's own uid, where the
   kernel lets one process of a uid change another's): ``pidfd_open``, ``pidfd_send_signal``,
   ``process_madvise``, ``process_mrelease``, ``kcmp``, ``ioprio_set``, and ``prlimit64``,
@@ -51,6 +62,18 @@ _CALLS = {
     "pidfd_getfd": (438, 438), "pidfd_open": (434, 434), "pidfd_send_signal": (424, 424),
     "process_madvise": (440, 440), "process_mrelease": (448, 448), "kcmp": (312, 272),
     "ioprio_set": (251, 30),
+    # metadata (aarch64 has only the *at forms)
+    "chmod": (90, None), "fchmod": (91, 52), "fchmodat": (268, 53), "fchmodat2": (452, 452),
+    "chown": (92, None), "fchown": (93, 55), "lchown": (94, None), "fchownat": (260, 54),
+    "utime": (132, None), "utimes": (235, None), "futimesat": (261, None),
+    "utimensat": (280, 88), "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7),
+    "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16),
+    "setxattrat": (463, 463), "removexattrat": (466, 466), "file_setattr": (469, 469),
+    # mounts
+    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51),
+    "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430),
+    "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
+    "mount_setattr": (442, 442), "open_tree_attr": (467, 467),
 }
 # name -> (x86_64, aarch64): allowed on the caller only (first argument, the pid, is 0).
 _SELF_ONLY = {
