@@ -1,13 +1,12 @@
 """Close every door of a freshly forked rank, in order, before any student code runs.
 
-Run by the fork server's grandchild (`autograder.sandbox.zygote`, through
-`namespaces.fork_isolated`: the rank is pid 1 of its own pid namespace, in its own mount,
-network, IPC and UTS namespaces, and, when the grader is not root, its own user namespace),
-still trusted code:
+Run by a child of the fork server (`autograder.sandbox.zygote`, through
+`namespaces.fork_isolated`: the rank is pid 1 of its own pid namespace and, when the grader is
+not root, in a user namespace of its own), still trusted code:
 
 1. descriptors: its channel becomes fd 3, its output pipes fds 1 and 2, /dev/null fd 0, and
    every other inherited descriptor is closed (the fork server's control socket, the other
-   ranks' channels); a session of its own;
+   ranks' channels); a session of its own; mount, network, IPC and UTS namespaces of its own;
 2. the launch's pids cgroup (root), so that the grader can end everything it starts, then a
    cgroup namespace rooted there;
 3. rlimits (`limits.apply_rlimits`);
@@ -60,6 +59,7 @@ def confine(spec: dict, *, channel: int, out: int, err: int) -> dict:
     if spec.get("unconfined"):
         return _unconfined(spec)
     os.setsid()
+    namespaces.unshare_rest()
     if spec.get("cgroup"):
         try:
             (Path(spec["cgroup"]) / "cgroup.procs").write_text("0")

@@ -1,11 +1,14 @@
 """Namespaces of one rank: user (when the grader is not root), mount, pid, network, IPC, UTS
 and cgroup (namespaces(7), unshare(2), user_namespaces(7), pid_namespaces(7)).
 
-`fork_isolated(child)` starts a rank in namespaces of its own. ``unshare(CLONE_NEWPID)`` moves
-only the caller's *children* into the new pid namespace, so it takes two forks: the fork server
-forks an intermediate, which unshares and forks the rank (pid 1 of the new namespace) and exits
-at once; the fork server, a child subreaper, adopts the rank and reports its exit as before.
-What each namespace gives the rank:
+`fork_isolated(child)` starts a rank as pid 1 of a pid namespace of its own.
+``unshare(CLONE_NEWPID)`` moves only the caller's *children* into the new namespace. As root the
+fork server unshares it, forks the rank, and returns to its own namespace for the next one
+(``setns``: one fork per rank, as before). A user cannot return (``setns`` to the initial pid
+namespace needs a capability there), so it takes two forks: the server forks an intermediate,
+which makes a user and a pid namespace and forks the rank, then exits at once; the server, a
+child subreaper, adopts the rank. The rank then makes its other namespaces itself
+(`unshare_rest`, from `confine`). What each namespace gives the rank:
 
 * **mount**: a root of its own (`world`): no other rank's or grade's folder exists in it;
 * **pid**: it is pid 1 and sees only its own children (no pid of the fork server, the grader, a
@@ -70,19 +73,10 @@ def advice() -> str:
     return ROOT_ADVICE if os.geteuid() == 0 else USER_ADVICE
 
 
-def enter() -> list[str]:
-    """Unshare every namespace of `RANK_NAMESPACES` but cgroup (the children of this process
-    are then born in the new pid namespace). Returns their names; raises `IsolationError`."""
-    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
-    names = ["mount", "pid", "network", "IPC", "UTS"]
-    if os.geteuid() == 0:
-        err = _unshare(flags)
-        if err:
-            raise IsolationError(f"namespaces: unshare failed ({os.strerror(err)}): "
-                                 f"{ROOT_ADVICE}")
-        return names
+def _user_namespace() -> None:
+    """A user namespace where this process keeps its uid and holds every capability."""
     uid, gid = os.geteuid(), os.getegid()
-    err = _unshare(CLONE_NEWUSER | flags)
+    err = _unshare(CLONE_NEWUSER)
     if err:
         raise IsolationError(f"user namespace: unshare failed ({os.strerror(err)}): "
                              f"{USER_ADVICE}")
@@ -91,7 +85,21 @@ def enter() -> list[str]:
     except OSError as exc:
         raise IsolationError(f"user namespace: its uid map was refused ({exc.strerror}): "
                              f"{USER_ADVICE}") from None
-    return ["user"] + names
+
+
+def _pid_namespace() -> None:
+    err = _unshare(CLONE_NEWPID)
+    if err:
+        raise IsolationError(f"pid namespace: unshare failed ({os.strerror(err)}): {advice()}")
+
+
+def unshare_rest() -> None:
+    """Mount, network, IPC and UTS namespaces for this process (a rank, pid 1 of its own pid
+    namespace, before it builds its world)."""
+    err = _unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+    if err:
+        raise IsolationError(f"mount, network, IPC and UTS namespaces: unshare failed "
+                             f"({os.strerror(err)}): {advice()}")
 
 
 def unshare_cgroup() -> None:
@@ -102,16 +110,23 @@ def unshare_cgroup() -> None:
                              f"{advice()}")
 
 
+_OWN_PID_NS: list[int] = []
+
+
 def fork_isolated(child: Callable[[], NoReturn]) -> int:
-    """Run `child` in a process of its own namespaces (see the module docstring); returns its
-    pid as this process sees it. The caller must be a child subreaper (`set_subreaper`) so that
-    the rank is its child once the intermediate has exited. Raises `IsolationError`."""
+    """Run `child` as pid 1 of a pid namespace of its own (see the module docstring); returns
+    its pid as this process sees it. As a user, the caller must be a child subreaper
+    (`set_subreaper`), so that the rank is its child once the intermediate has exited. Raises
+    `IsolationError`."""
+    if os.geteuid() == 0:
+        return _fork_as_root(child)
     read, write = os.pipe()
     middle = os.fork()
     if middle == 0:
         os.close(read)
         try:
-            enter()
+            _user_namespace()
+            _pid_namespace()
             pid = os.fork()
         except BaseException as exc:  # noqa: BLE001 - the words go back to the fork server
             os.write(write, f"error {exc}".encode(errors="replace")[:4000])
@@ -131,6 +146,21 @@ def fork_isolated(child: Callable[[], NoReturn]) -> int:
     if word != "pid":
         raise IsolationError(rest or "the process that makes a rank's namespaces died")
     return int(rest)
+
+
+def _fork_as_root(child: Callable[[], NoReturn]) -> int:
+    if not _OWN_PID_NS:
+        _OWN_PID_NS.append(os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC))
+    _pid_namespace()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            child()
+    finally:  # the next child is born in our own namespace again (the child never gets here)
+        if ctypes.CDLL(None, use_errno=True).setns(_OWN_PID_NS[0], CLONE_NEWPID) != 0:
+            raise IsolationError(f"pid namespace: setns back failed "
+                                 f"({os.strerror(ctypes.get_errno())})")
+    return pid
 
 
 def set_subreaper() -> None:
@@ -153,5 +183,5 @@ def isolate() -> str:
     return ""
 
 
-__all__ = ["IsolationError", "RANK_NAMESPACES", "advice", "enter", "fork_isolated", "isolate",
-           "set_subreaper", "unshare_cgroup"]
+__all__ = ["IsolationError", "RANK_NAMESPACES", "advice", "fork_isolated", "isolate",
+           "set_subreaper", "unshare_cgroup", "unshare_rest"]
