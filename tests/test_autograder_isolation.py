@@ -12,6 +12,7 @@ its interpreter under a mode-700 folder. A host that cannot build the sandbox ge
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -19,13 +20,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
+import time
+import zlib
 from pathlib import Path
 
 import pytest
-from faultkit import (ROOT, assert_failed, assert_passed, run_fault, run_grade,
-                      small_lab, source, submission)
+from faultkit import (LIMITS, ROOT, assert_failed, assert_passed, run_fault, small_lab,
+                      source, submission)
 
+from autograder.grade import grade
 from autograder.lab import Lab, find_lab, load_lab
 from autograder.sandbox.limits import MAX_RANKS, UID_BASE
 from autograder.sandbox.world import links_on, plan_binds
@@ -53,9 +56,9 @@ def lab01() -> Lab:
 
 def reports(message: str) -> list[dict]:
     """Every rank's report from `self_inspect`'s message, in rank order."""
-    found = re.search(r"ISOLATION (\[.*\])", message)
+    found = re.search(r"ISOLATION ([A-Za-z0-9+/=]+)", message)
     assert found, message
-    return json.loads(found.group(1))
+    return json.loads(zlib.decompress(base64.b64decode(found.group(1))))
 
 
 def assert_alone(report: dict, rank: int, world_size: int) -> None:
@@ -67,7 +70,7 @@ def assert_alone(report: dict, rank: int, world_size: int) -> None:
     assert (report["NoNewPrivs"], report["Seccomp"]) == ("1", "2")
     assert (report["pid"], report["ppid"]) == (1, 0)  # pid 1 of its own namespace
     home = report["home"]
-    assert report["siblings"] == [os.path.basename(home)]  # no other rank's folder
+    assert report["peer folders"] == []  # no other rank's folder in its world
     assert home in report["mounts"]  # its $HOME is a tmpfs of its own
     others = tuple(f"/r{q}" for q in range(world_size) if q != rank)
     grade = os.path.dirname(os.path.dirname(home))
@@ -134,33 +137,52 @@ def ring_all_reduce(tensor):
 '''
 
 
+OTHER_GRADE = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from faultkit import small_lab
+from autograder.grade import grade
+from autograder.lab import find_lab, load_lab
+from autograder.sandbox.limits import Limits
+lab = small_lab(load_lab(find_lab("01_collectives"), hidden=False), ["ar", "ar4", "ring"])
+r = grade(lab, Path(sys.argv[1]), limits=Limits(wall_s=200, processes=64),
+          workbase=Path(sys.argv[2]))
+print(json.dumps([[c.score, c.check.points, c.kind] for c in r.checks]))
+"""
+
+
 def test_other_grades_are_out_of_sight(lab01, tmp_path):
     """Issue 30, fourth row: a rank listed other grades' mounts and chmodded their code to 0
     (a concurrent reference grade scored 0). Now a rank looks for four seconds while another
-    grade runs beside it in the same folder: it sees none, and the other grade keeps full
-    marks."""
-    other = tmp_path / "other"
-    other.mkdir()
-    slow = submission("slow_reference", other / "subs",
+    grader process grades a slow but correct submission in the same folder: it sees no other
+    grade, and the other grade keeps full marks."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    slow = submission("slow_reference", tmp_path / "other",
                       text=(ROOT / "labs" / "01_collectives" / "collectives.py").read_text()
                       + SLOW_REFERENCE)
-    outcome: dict = {}
-    started = threading.Event()
-
-    def grade_other() -> None:
-        started.set()
-        outcome["result"], _ = run_grade(small_lab(lab01, ["ar", "ar4", "ring"]), slow, other)
-
-    thread = threading.Thread(target=grade_other)
-    thread.start()
-    started.wait()
+    script = tmp_path / "other_grade.py"
+    script.write_text(OTHER_GRADE.format(tests=str(ROOT / "tests")))
+    other = subprocess.Popen([sys.executable, str(script), str(slow), str(runs)], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        result, by_name = run_fault(lab01, "mount_snoop", ["ar"], tmp_path)
+        for _ in range(600):  # until its first launch's folder exists (or it ended)
+            if list(runs.glob("grade-*/launch-*")) or other.poll() is not None:
+                break
+            time.sleep(0.1)
+        small = small_lab(lab01, ["ar"])
+        result = grade(small, submission("mount_snoop", tmp_path / "subs"), limits=LIMITS,
+                       workbase=runs)
+        stdout, stderr = other.communicate(timeout=300)
     finally:
-        thread.join(timeout=300)
-    assert_failed(by_name["ar"], "exception", r"other grades seen: \[\]; changed: \[\]")
-    for check in outcome["result"].checks:
-        assert_passed(check)
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+    assert_failed(result.checks[0], "exception", r"other grades seen: \[\]; changed: \[\]")
+    assert other.returncode == 0, stderr[-2000:]
+    scores = json.loads(stdout.strip().splitlines()[-1])
+    assert [[s, p] for s, p, _ in scores] == [[p, p] for _, p, _ in scores], scores
 
 
 def _user_namespaces(uid: int) -> str:

@@ -1,8 +1,8 @@
 """Not a cheat: each rank looks at itself from inside the sandbox (uid, capabilities, pid,
 mounts, the folders around its own) and tries the metadata changes of issue 30's red team on a
 root-owned file, the code folder and its own files; rank 0 gathers every rank's report through
-the courier (send/recv) and raises with all of them, which tests/test_autograder_isolation.py
-reads. Nothing on the host changes even where a try succeeds: a mode or a time set to what it
+the courier (send/recv) and raises with all of them (JSON, compressed: a message holds 4,000
+characters), which tests/test_autograder_isolation.py reads. Nothing on the host changes even where a try succeeds: a mode or a time set to what it
 already is, an attribute on the grade's own copy of the harness. Expected: exception.
 """
 
@@ -38,8 +38,8 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     me = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(),
           "pid": os.getpid(), "ppid": os.getppid(), "home": home,
           "root_owned": os.stat(harness).st_uid == 0,
-          "siblings": attempt(lambda: os.listdir(os.path.dirname(home))) == "done"
-          and sorted(os.listdir(os.path.dirname(home))),
+          "peer folders": [q for q in range(p) if os.path.lexists(
+              os.path.join(os.path.dirname(home), f"r{q}")) and q != rank],
           "mounts": [line.split()[4] for line in open("/proc/self/mountinfo")
                      if not line.split()[4].startswith(("/usr", sys.base_prefix))],
           "statvfs_free": os.statvfs(home).f_bfree}
@@ -77,4 +77,8 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
         data = torch.zeros(int(size), dtype=torch.uint8)
         dist.recv(data, q)
         reports.append(json.loads(bytes(data.tolist())))
-    raise RuntimeError("ISOLATION " + json.dumps(reports, separators=(",", ":")))
+    import base64
+    import zlib
+
+    packed = zlib.compress(json.dumps(reports, separators=(",", ":")).encode(), 9)
+    raise RuntimeError("ISOLATION " + base64.b64encode(packed).decode())  # fits the message
