@@ -28,7 +28,7 @@ SANDBOX_FAULTS = {
     "loopback_tcp": None,        # its own test: a listener must see nothing
     "dev_shm": None,             # its own test: /dev/shm must hold nothing new
     "device_nodes": (["ar", "tree"], {"ar": "sandbox_violation"},
-                     [r"No such file or directory: '/dev/console'"]),
+                     [r"Read-only file system: '/dev/console'"]),
     "links_and_fifos": None,     # its own test: no line of the targets in the report
     "empty_folders": (["ar", "tree"], {"ar": "disk_limit"}, [r"10,000 files and folders"]),
     "nested_folders": (["ar", "tree"], {}, []),
