@@ -45,8 +45,6 @@ class ForkServer:
                 pass_fds=(theirs.fileno(),), preexec_fn=fork_server_preexec(group), cwd="/")
         theirs.close()
         self.exits: dict[int, int] = {}
-        self.probe: dict | None = None
-        """What the probe rank saw of itself (`probe_world.inspect`), once a launch ran."""
         message = self._next(deadline)
         if "ready" not in message:
             raise ServerLost(f"the fork server said {message!r}")
@@ -89,7 +87,6 @@ class ForkServer:
         answer = self._next(deadline)
         if "refused" in answer:
             raise SandboxRefused(str(answer["refused"]))
-        self.probe = answer.get("probe") or self.probe
         return [int(p) for p in answer["forked"]]
 
     def poll(self) -> None:

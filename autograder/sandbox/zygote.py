@@ -168,7 +168,7 @@ def serve(control: socket.socket) -> None:
             control.send(json.dumps({"refused": str(exc)}).encode())
             continue
         children.update(pids)
-        control.send(json.dumps({"forked": pids, "probe": probed}).encode())
+        control.send(json.dumps({"forked": pids}).encode())
 
 
 def _warm() -> None:
