@@ -24,6 +24,7 @@ import time
 import zlib
 from pathlib import Path
 
+import psutil
 import pytest
 from faultkit import (LIMITS, ROOT, assert_failed, assert_passed, run_fault, small_lab,
                       source, submission)
@@ -33,7 +34,8 @@ from autograder.lab import Lab, find_lab, load_lab
 from autograder.sandbox.limits import MAX_RANKS, UID_BASE
 from autograder.sandbox.world import links_on, plan_binds
 
-ISOLATION_FAULTS = {"self_inspect", "root_metadata", "xattr_channel", "mount_snoop"}
+ISOLATION_FAULTS = {"self_inspect", "root_metadata", "xattr_channel", "mount_snoop",
+                    "page_cache_channel", "leftover_daemon"}
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the grader gives ranks uids "
                              "of their own only as root (as a user it makes user namespaces)")
 # Every try of `self_inspect` but listing /proc (where Landlock is missing, a rank lists its own
@@ -122,6 +124,30 @@ def test_no_channel_outside_the_courier(lab01, tmp_path):
                       r"setxattr: Operation not permitted", r"getxattr r\d: No such file",
                       r"statvfs: only its own writes")
     assert_passed(by_name["tree"])
+
+
+def test_the_page_cache_is_no_cheap_channel(lab01, tmp_path):
+    """Tried while building the worlds: rank 1 evicts pages of a file both ranks bind and
+    reads back those whose bit is 1, rank 0 asks which are cached. The filter refuses both
+    (reading and timing a read stay: docs/grading.md, "What it does not stop")."""
+    result, by_name = run_fault(lab01, "page_cache_channel", ["ar", "tree"], tmp_path)
+    assert_failed(by_name["ar"], "exception", r"fadvise: Operation not permitted",
+                  r"preadv2 RWF_NOWAIT: Operation not permitted")
+    assert_passed(by_name["tree"])
+
+
+def _daemons() -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [])[-1:] == ["317.31"]]
+
+
+def test_a_daemon_ends_with_its_rank(lab01, tmp_path):
+    """A double-forked daemon in a session of its own, then correct work: full marks, and no
+    such process anywhere once the grade returns."""
+    result, by_name = run_fault(lab01, "leftover_daemon", ["ar", "tree"], tmp_path)
+    assert_passed(by_name["ar"])
+    assert_passed(by_name["tree"])
+    assert _daemons() == []
 
 
 SLOW_REFERENCE = '''
@@ -302,7 +328,7 @@ def test_batch_and_gradescope_never_grade_unconfined():
         assert "unconfined" not in (ROOT / "autograder" / module).read_text(), module
 
 
-def test_the_filter_refuses_metadata_and_mounts(tmp_path):
+def test_the_filter_refuses_metadata_mounts_and_the_cache(tmp_path):
     target = tmp_path / "file"
     target.write_text("x")
     code = f"""
@@ -311,10 +337,14 @@ from autograder.sandbox import seccomp
 assert seccomp.install()
 libc = ctypes.CDLL(None, use_errno=True)
 out = {{}}
+fd = os.open({str(target)!r}, os.O_RDONLY)
 for name, step in [("chmod", lambda: os.chmod({str(target)!r}, 0o600)),
                    ("utime", lambda: os.utime({str(target)!r})),
                    ("setxattr", lambda: os.setxattr({str(target)!r}, "user.x", b"1")),
-                   ("chown", lambda: os.chown({str(target)!r}, -1, -1))]:
+                   ("chown", lambda: os.chown({str(target)!r}, -1, -1)),
+                   ("fadvise", lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)),
+                   ("nowait read", lambda: os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)),
+                   ("read", lambda: os.preadv(fd, [bytearray(1)], 0))]:
     try:
         step()
         out[name] = "done"
@@ -324,13 +354,16 @@ for name, step in [("chmod", lambda: os.chmod({str(target)!r}, 0o600)),
 # would say ENODEV, so nothing is mounted whatever happens.
 out["mount"] = libc.mount(b"none", {str(tmp_path)!r}.encode(), b"no-such-fs", 0, None) == 0 or \\
     errno.errorcode[ctypes.get_errno()]
+out["sysinfo"] = libc.sysinfo(ctypes.create_string_buffer(128)) == 0 or \\
+    errno.errorcode[ctypes.get_errno()]
 print(out)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert eval(done.stdout) == {"chmod": "EPERM", "utime": "EPERM", "setxattr": "EPERM",
-                                 "chown": "EPERM", "mount": "EPERM"}
+                                 "chown": "EPERM", "fadvise": "EPERM", "nowait read": "EPERM",
+                                 "read": "done", "mount": "EPERM", "sysinfo": "EPERM"}
 
 
 def test_a_world_resolves_every_path_as_the_host_does(tmp_path):

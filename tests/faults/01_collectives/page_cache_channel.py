@@ -31,6 +31,14 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
         os.posix_fadvise(fd, start, bits * page, os.POSIX_FADV_DONTNEED)
     except OSError as exc:
         refused.append(f"fadvise: {exc.strerror}")
+    try:  # each rank tries both ways, so that whichever raises first names both
+        os.preadv(fd, [bytearray(1)], start, os.RWF_NOWAIT)
+    except BlockingIOError:
+        pass
+    except OSError as exc:
+        refused.append(f"preadv2 RWF_NOWAIT: {exc.strerror}")
+    if refused:
+        raise RuntimeError(f"page cache channel refused: {refused}")
     barrier()
     if rank == 1:
         data = tensor.contiguous().view(torch.uint8).tolist()
@@ -47,12 +55,7 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
                 got[k // 8] |= 1 << (k % 8)
             except BlockingIOError:
                 pass
-            except OSError as exc:
-                refused.append(f"preadv2 RWF_NOWAIT: {exc.strerror}")
-                break
     barrier()
-    if refused:
-        raise RuntimeError(f"page cache channel refused: {refused}")
     if rank == 0:
         other = torch.frombuffer(got, dtype=tensor.dtype)
         tensor += other
