@@ -1,9 +1,11 @@
 """Red team of issue 30's sandbox (tried while building it): the ranks share the host's page
 cache of every file their worlds bind read-only. Rank 1 evicts pages of a large shared file
 (posix_fadvise DONTNEED) and reads back those whose bit is 1; rank 0 asks which pages are cached
-without reading them (preadv2 RWF_NOWAIT: EAGAIN when not cached). The values cross outside the
-courier; the ring's messages are zeros of the right sizes. Expected: the primitives refused by
-the filter, so it raises listing them.
+without reading them (preadv2 RWF_NOWAIT: EAGAIN when not cached); one-float send/recv pairs
+are the only barriers. Unfiltered, both primitives worked on this project's machine (evicted
+pages read as uncached, read ones as cached; readahead marks neighbours too, so this naive
+layout read all ones: a real channel spaces its pages). Expected: both refused by the filter,
+so every rank raises naming them.
 """
 
 def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
