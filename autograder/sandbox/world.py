@@ -191,6 +191,9 @@ def build(spec: WorldSpec) -> dict:
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV,
            f"size={ROOT_BYTES},nr_inodes={ROOT_INODES},mode=0755", step="the new root's tmpfs")
     binds, links = plan_binds(spec.read)
+    if "/" in binds:  # an interpreter installed at / would bind the whole host into the world
+        raise WorldError("a read-only bind", 22, "the interpreter's prefix is / itself: install "
+                         "Python (or the venv) in a folder of its own")
     for path in binds:
         _bind(path, root, ATTR_RDONLY | ATTR_NOSUID | ATTR_NODEV, step="a read-only bind")
     for link, target in links:

@@ -17,13 +17,14 @@ message each):
   signal), as waitpid says;
 * end of file on the socket: the server exits (its ranks are the grader's to kill).
 
-Each rank is forked into namespaces of its own (`namespaces.fork_isolated`: through an
-intermediate process, so that the rank is pid 1 of a new pid namespace; the server is a child
-subreaper and adopts it). Before the first launch's ranks the server forks a probe the same way:
-a rank 0 that builds its whole world (`confine`) and checks it from inside (uid, capabilities,
-mounts, processes, a write to the root) without running anything else. If any step fails, the
-server answers ``refused`` and no rank runs. The server keeps root's capabilities when it has
-them: each rank builds its world before it gives them up (`confine`).
+Each rank is forked as pid 1 of a pid namespace of its own (`namespaces.fork_isolated`: as
+root one fork, as before; as a user through an intermediate process, the server being a child
+subreaper that adopts the rank). Before the first launch's ranks the server forks a probe the
+same way: a rank 0 that builds its whole world (`confine`) and checks it from inside (uid,
+capabilities, mounts, processes, a write to the root) without running anything else. If any
+step fails, the server answers ``refused`` and no rank runs. The server keeps root's
+capabilities when it has them: each rank builds its world before it gives them up
+(`confine`).
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ def main() -> None:
 
     _warm()
 
-    set_subreaper()  # each rank is adopted here when its intermediate exits (fork_isolated)
+    set_subreaper()  # as a user, a rank is adopted here when its intermediate exits
     control = socket.socket(fileno=int(sys.argv[1]))
     try:
         serve(control)
