@@ -71,6 +71,7 @@ def assert_alone(report: dict, rank: int, world_size: int) -> None:
         assert int(report[name], 16) == 0, (name, report[name])
     assert (report["NoNewPrivs"], report["Seccomp"]) == ("1", "2")
     assert (report["pid"], report["ppid"]) == (1, 0)  # pid 1 of its own namespace
+    assert report["hostname"] == "rank"  # its own UTS namespace
     home = report["home"]
     assert report["peer folders"] == []  # no other rank's folder in its world
     assert home in report["mounts"]  # its $HOME is a tmpfs of its own

@@ -16,7 +16,7 @@ child subreaper, adopts the rank. The rank then makes its other namespaces itsel
   process left in its namespace, so nothing it started outlives it;
 * **network**: one loopback interface, down: no route anywhere, its own abstract unix sockets;
 * **IPC**: its own System V and POSIX message queues, semaphores and shared memory;
-* **UTS**: its own host name; **cgroup** (`unshare_cgroup`, after it joined its launch's
+* **UTS**: its own host name ("rank"); **cgroup** (`unshare_cgroup`, after it joined its launch's
   group): /proc/self/cgroup shows "/" instead of the grade's path;
 * **user** (a grader that is not root): the rank's uid is the user's, mapped to itself, and its
   capabilities are those of its own namespace only (enough to build its world, then dropped).
@@ -95,9 +95,11 @@ def _pid_namespace() -> None:
 
 def unshare_rest() -> None:
     """Mount, network, IPC and UTS namespaces for this process (a rank, pid 1 of its own pid
-    namespace, before it builds its world)."""
+    namespace, before it builds its world); its host name becomes "rank" (not the host's)."""
+    libc = ctypes.CDLL(None, use_errno=True)
     err = _unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
-    if err:
+    if err or libc.sethostname(b"rank", 4) != 0:
+        err = err or ctypes.get_errno()
         raise IsolationError(f"mount, network, IPC and UTS namespaces: unshare failed "
                              f"({os.strerror(err)}): {advice()}")
 

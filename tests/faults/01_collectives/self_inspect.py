@@ -37,6 +37,7 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
                   if ":" in line)
     me = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(),
           "pid": os.getpid(), "ppid": os.getppid(), "home": home,
+          "hostname": os.uname().nodename,
           "root_owned": os.stat(harness).st_uid == 0,
           "peer folders": [q for q in range(p) if os.path.lexists(
               os.path.join(os.path.dirname(home), f"r{q}")) and q != rank],
