@@ -13,7 +13,9 @@ from the secret, so no rank can rebuild another's inputs, and so is each case's 
 what it sends; judge each launch's cases in this process as soon as the launch ends
 (`autograder.judging.judge_launch`: the grader then drops the launch's outputs and record, so
 what it holds is one launch's worth, within the courier's caps); then score every check. A
-results.json left in a rank's folder zeroes the grade.
+results.json left in a rank's folder zeroes the grade (``--unconfined`` only: in the sandbox a
+rank's folder is in its own world, gone when it ends). A host that cannot build the sandbox gets
+no grade: every check is ``sandbox_unavailable`` with the reason.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from .sandbox.plan import CasePlan, Job, LaunchPlan
 from .sandbox.scratch import unmount_below
 from .sandbox.session import run_session
 from .submission import Problem, locate, parse_problem
+from .sandbox.summary import UNCONFINED
 
 HARNESS = "_lab_harness.py"
 
@@ -126,13 +129,16 @@ def prepare_workdir(files: dict[str, bytes], base: Path | None = None) -> tuple[
 def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock: bool = True,
           workbase: Path | None = None, secret: int | None = None, device: str = "cpu",
           gpus: list[int] | None = None,
-          progress: Callable[[str], None] | None = None) -> GradeResult:
+          progress: Callable[[str], None] | None = None,
+          unconfined: bool = False) -> GradeResult:
     """Grade `submission` (a folder or a single file) against every check of `lab`. `secret`
     fixes the grade's inputs (tests); by default it is drawn fresh for every grade. `device`
     "cuda" runs rank r on GPU r mod G of `gpus` (G of them: one per rank of the largest
     launch, or fewer, shared; `autograder.devices`); values are judged on CPU copies either
     way. `progress` hears one line per launch as it ends (check, ranks, outcome, seconds since
-    the grade began)."""
+    the grade began). `unconfined` runs the ranks without the sandbox's worlds (``grade
+    --unconfined``: a student's own laptop that forbids user namespaces); the notes and
+    results.json then say so first."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"grade: device must be 'cpu' or 'cuda' (resolve 'auto' with "
                          f"autograder.devices.resolve_device), got {device!r}")
@@ -186,7 +192,8 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
               toolkit=list(lab.info.sandbox_modules), landlock=landlock,
               sources={n: b.decode("utf-8", "replace") for n, b in files.items()},
               device=device, gpus=",".join(str(g) for g in gpus or []) if device == "cuda"
-              else "")
+              else "", unconfined=unconfined)
+
     def on_record(record) -> None:
         judge_launch(lab, record, cases)
         if progress is not None:
@@ -200,6 +207,14 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
         unmount_below(workdir)  # a launch's tmpfs, should a failure have skipped its cleanup
         remove(workdir)
     result.sandbox = run.sandbox
+    if unconfined:
+        result.notes.insert(0, f"{UNCONFINED}.")
+        run.missing = [m for m in run.missing if m != UNCONFINED]
+    refused = next((r.failure.message for r in run.records.values()
+                    if r.failure is not None and r.failure.kind == "sandbox_unavailable"), "")
+    if refused:
+        result.notes.insert(0, f"This machine could not build the grader's sandbox, so no "
+                               f"submission code ran and the score is zero: {refused}")
     if run.missing:
         result.notes.append(f"This grade ran without: {'; '.join(run.missing)}. The checks "
                             "ran, but the sandbox was weaker than designed (docs/grading.md).")

@@ -1,4 +1,5 @@
-"""What a rank may read and write (Landlock's lists), computed by the grader for each rank.
+"""What a rank may read and write: what its world holds (`world_spec`: read-only binds and
+device nodes, `world`) and Landlock's lists within it (`rank_paths`), computed for each rank.
 
 Read: the interpreter and its packages, the system libraries, a few files of /etc the C
 library and Python read (not the folder: as uid 0 without capabilities a rank still owns every
@@ -11,6 +12,9 @@ folder (the student's files and the lab's harness), the rank-side half of the gr
 modules a lab names (`LabInfo.sandbox_modules`, e.g. the tiny models). Write: the rank's own
 folder (plain files and folders only) and /dev/null. Nothing else: no other rank's folder, no
 /dev/shm, no device node, not the lab (reference solution, hidden checks).
+
+The world is built from the same list, so the two layers agree: what Landlock would refuse
+is, apart from /proc and /sys, not there at all.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import sys
 from pathlib import Path
 
 import toolkit
+
+from .world import WorldSpec
 
 ETC = ("/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf",
        "/etc/os-release")
@@ -65,4 +71,20 @@ def rank_paths(code: Path, home: Path, toolkit_modules=(), *,
     return sorted(read), write, list_only
 
 
-__all__ = ["rank_paths"]
+def world_spec(code: Path, home: Path, root: Path, toolkit_modules=(), *, gpu: bool = False,
+               home_bytes: int, home_inodes: int, owner: int) -> WorldSpec:
+    """The world of a rank whose lab files are in `code` and whose $HOME is `home`, built on
+    the empty folder `root`: `rank_paths`' read list bound read-only (/proc and the devices
+    apart: a fresh procfs, and the device nodes bound one by one), a tmpfs $HOME of
+    `home_bytes` and `home_inodes` owned by `owner`. A cuda grade adds the GPU's nodes, the
+    driver's /sys entries, and a procfs that keeps /proc/driver/nvidia."""
+    read, _, _ = rank_paths(code, home, toolkit_modules, gpu=gpu)
+    devices = set(DEV_READ) | set(DEV_WRITE) | (set(gpu_nodes()) if gpu else set())
+    binds = [p for p in read if not p.startswith("/proc") and p not in devices]
+    return WorldSpec(root=str(root), home=str(home), home_bytes=home_bytes,
+                     home_inodes=home_inodes, owner=owner, read=binds, devices=sorted(devices),
+                     proc_subset=not gpu)
+
+
+__all__ = ["DEV_READ", "DEV_WRITE", "GPU_NODES", "GPU_READ", "gpu_nodes", "rank_paths",
+           "world_spec"]

@@ -21,6 +21,11 @@ class ServerLost(RuntimeError):
     """The fork server died or stopped answering."""
 
 
+class SandboxRefused(ServerLost):
+    """The fork server cannot build the sandbox on this host (its probe, or a rank's
+    namespaces, failed): no rank may run. The words say which layer and what to do."""
+
+
 class ForkServer:
     """One running fork server (trusted: it runs no student code)."""
 
@@ -75,12 +80,16 @@ class ForkServer:
 
     def fork(self, spec: dict, fds: list[int], deadline: float) -> list[int]:
         """Fork one rank per entry of ``spec["ranks"]``; `fds` are their (channel, stdout,
-        stderr) descriptors in order. Returns their pids."""
+        stderr) descriptors in order. Returns their pids; raises `SandboxRefused` where the
+        sandbox cannot be built."""
         try:
             socket.send_fds(self.control, [json.dumps({"fork": spec}).encode()], fds)
         except OSError as err:
             raise ServerLost(str(err)) from None
-        return [int(p) for p in self._next(deadline)["forked"]]
+        answer = self._next(deadline)
+        if "refused" in answer:
+            raise SandboxRefused(str(answer["refused"]))
+        return [int(p) for p in answer["forked"]]
 
     def poll(self) -> None:
         """Take the exit reports that arrived (non-blocking) into `exits`."""
@@ -111,4 +120,4 @@ class ForkServer:
         self.proc.wait()
 
 
-__all__ = ["ForkServer", "ServerLost"]
+__all__ = ["ForkServer", "SandboxRefused", "ServerLost"]
