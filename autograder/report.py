@@ -19,6 +19,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from .sandbox.summary import UNCONFINED
 from .failures import KINDS
 from .grade import GradeResult
 from .sanitize import printable
@@ -100,6 +101,8 @@ def write_results(result: GradeResult, path: Path) -> dict:
 def _head(result: GradeResult) -> list[str]:
     """What was graded, and the problem that stopped every check (said once, here)."""
     lines = [f"Graded {name}: {path}" for name, path in result.files.items()]
+    if result.notes and result.notes[0].startswith(UNCONFINED):
+        lines.insert(0, result.notes[0])  # first of all: this grade was not sandboxed
     if result.problem:
         lines += [f"Not graded ({result.problem.kind}): {result.problem.message}"]
     return lines
@@ -123,8 +126,9 @@ def to_text(result: GradeResult, *, color: bool = False) -> str:
             why = KINDS.get(c.kind or "", "")
             lines.append(f"        {c.kind}{': ' + why if why else ''}")
             lines += [f"        {line}" for line in printable(c.message).splitlines()]
-    if result.notes:
-        lines += [""] + [f"Note: {printable(n)}" for n in result.notes]
+    notes = [n for n in result.notes if not n.startswith(UNCONFINED)]  # said at the top
+    if notes:
+        lines += [""] + [f"Note: {printable(n)}" for n in notes]
     return "\n".join(lines)
 
 
