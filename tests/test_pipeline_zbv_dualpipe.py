@@ -17,7 +17,8 @@ from toolkit.cost.bubble import bubble_time, step_time
 from toolkit.models import TinyMLP
 from toolkit.pipeline import (
     as_schedule, assign_layers, bubble_fraction, dualpipe, in_flight, make_schedule,
-    one_f_one_b, peak_activations, peak_held, problems, run_pipeline, simulate, zb_v,
+    one_f_one_b, peak_activations, peak_held, problems, run_pipeline, sent_messages, simulate,
+    zb_v,
 )
 
 TIMEOUT = 60
@@ -31,22 +32,6 @@ def inner_idle(table, stage: int) -> float:
     """Idle time of `stage` between its own first op and its last."""
     t = table[table.stage == stage]
     return float(t.end.max() - t.start.min() - t.duration.sum())
-
-
-def crossings(schedule) -> list[int]:
-    """Per stage, the messages it sends to other stages (activations and gradients)."""
-    out = []
-    for r, ops in enumerate(schedule.stages):
-        sent = 0
-        for op in ops:
-            if op.kind == "W":
-                continue
-            k = schedule.virtual_stage(r, op.chunk)
-            nxt = k + 1 if op.kind == "F" else k - 1
-            if 0 <= nxt < schedule.depth and schedule.place(nxt, op.chunk)[0] != r:
-                sent += 1
-        out.append(sent)
-    return out
 
 
 # --- the V layout -------------------------------------------------------------------------------
@@ -144,7 +129,7 @@ def test_zb_v_holds_1f1b_stage_0_activations_on_every_stage(p):
 
 def test_zb_v_sends_twice_the_messages_of_1f1b():
     for p, m in [(2, 4), (4, 8), (5, 10)]:
-        assert crossings(zb_v(p, m)) == [2 * n for n in crossings(one_f_one_b(p, m))]
+        assert sent_messages(zb_v(p, m)) == [2 * n for n in sent_messages(one_f_one_b(p, m))]
 
 
 # --- DualPipe: two directions, some backwards split ---------------------------------------------
@@ -256,7 +241,7 @@ def test_zb_v_on_real_ranks_gives_the_unsplit_gradients(p, m):
         ran = run.table[run.table.stage == r].sort_values("start")
         assert list(zip(ran.op, ran.mb, ran.chunk)) == [(o.kind, o.mb, o.chunk)
                                                         for o in run.schedule[r]]
-        assert trace.totals()[r].messages_sent == crossings(run.schedule)[r]
+        assert trace.totals()[r].messages_sent == sent_messages(run.schedule)[r]
 
 
 @pytest.mark.multirank
@@ -276,4 +261,4 @@ def test_dualpipe_on_real_ranks_gives_the_unsplit_gradients(p, m):
         assert kept <= set(run.schedule.split_on(r)) and kept
     # Messages: the schedule's crossings, then the replicas' gradients swapped (one each).
     for r in range(p):
-        assert trace.totals()[r].messages_sent == crossings(run.schedule)[r] + 1
+        assert trace.totals()[r].messages_sent == sent_messages(run.schedule)[r] + 1

@@ -41,7 +41,7 @@ module          holds
 `executor`      `run_pipeline` (spawns p ranks, one `PipelineRun` back)
 `stage`         `run_stage` (one rank's part: receive, compute, send per op), `assign_layers`
 `compute`       what a rank computes per op: F, B (whole, or input gradient only), W
-`messages`      tags, who sends what to whom (`Routes`), a rank's `Mailbox`
+`messages`      tags, who sends what to whom (`Routes`, `sent_messages`), a rank's `Mailbox`
 ==============  ==================================================================================
 """
 
@@ -54,6 +54,7 @@ from .dependencies import needs, run_order
 from .dualpipe import dualpipe
 from .executor import PipelineRun, run_pipeline
 from .held import held_at_peak, in_flight, peak_held
+from .messages import sent_messages
 from .schedules import (
     LAYOUTS, OP_KINDS, Op, Schedule, as_op, as_schedule, gpipe, interleaved, naive, one_f_one_b,
 )
@@ -73,5 +74,6 @@ __all__ = [
     "interleaved",
     "make_schedule", "naive", "needs", "no_delay", "one_f_one_b", "peak_activations",
     "peak_held", "pipeline_time", "problems", "problems_by_case", "run_order", "run_pipeline",
-    "run_stage", "simulate", "stage_times", "step_time", "terapipe", "zb_h1", "zb_v",
+    "run_stage", "sent_messages", "simulate", "stage_times", "step_time", "terapipe", "zb_h1",
+    "zb_v",
 ]

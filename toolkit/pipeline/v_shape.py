@@ -18,11 +18,14 @@ along its micro-batch's path, before chunk 0), else its oldest W still owed, els
 the first input to arrive. A rank forwards a new micro-batch only while it holds at most 2p
 chunk sets (1F1B's p micro-batches on stage 0, each two chunks), counting a set past its B as
 `weight_share` of one (M_W/M_B in the paper's Table 1: what W still needs). At equal times this
-reaches the bound that no schedule beats in one step: every rank idles only while the first
-micro-batch reaches it, (p − 1) chunk forwards = (p − 1)·t_F/2 for the last rank, and from its
-first op to its last a rank never waits (checked by the tests over a grid of p and m), so the
-next step's fill can overlap this step's drain when the optimizer step needs no
-synchronisation (the paper's section 4): the authors' zero.
+reaches the bound that no schedule beats in one step, for every p and m ≥ p the tests try: a
+rank idles only while the first micro-batch reaches it, (p − 1) chunk forwards = (p − 1)·t_F/2
+for the last rank. For even p ≤ 6 and m ≥ 2p (and p = 8 with m < 3p) a rank also never waits
+from its own first op to its last, a parallelogram, so the next step's fill can overlap this
+step's drain when the optimizer step needs no synchronisation (the paper's section 4): the
+authors' zero. Odd p, and p = 8 with m ≥ 3p, keep one or two idle op-times inside a rank's
+span; with unequal op times the order built at equal ones no longer reaches the bound
+(`simulate` shows by how much).
 
     s = zb_v(4, 8)           # rank 0: F0 F1 … F6 F0.1 B0.1 …  (x.1: chunk 1, the way back up)
 """
