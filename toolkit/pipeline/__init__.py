@@ -35,7 +35,7 @@ module          holds
 `bubble`        formulas: `bubble_fraction`, `bubble_time_ratio`, `pipeline_time`,
                 `peak_activations` (a pure model: `toolkit.cost.bubble`, re-exported here)
 `simulate`      `simulate` (ideal timeline from op times; DualPipe's F&B pairs), `idle_fraction`,
-                `stage_times`
+                `idle_within` (idle inside each stage's own span), `stage_times`
 `work`          `Delay` (a layer that sleeps known times per sample: forward, input gradient,
                 weight gradient), `delay_blocks`
 `executor`      `run_pipeline` (spawns p ranks, one `PipelineRun` back)
@@ -58,7 +58,7 @@ from .messages import sent_messages
 from .schedules import (
     LAYOUTS, OP_KINDS, Op, Schedule, as_op, as_schedule, gpipe, interleaved, naive, one_f_one_b,
 )
-from .simulate import COLUMNS, Timeline, idle_fraction, simulate, stage_times
+from .simulate import COLUMNS, Timeline, idle_fraction, idle_within, simulate, stage_times
 from .stage import assign_layers, run_stage
 from .terapipe import terapipe
 from .v_shape import zb_v
@@ -70,8 +70,8 @@ __all__ = [
     "CLASSIC", "COLUMNS", "KINDS", "LAYOUTS", "NAMES", "OP_KINDS", "Delay", "Op", "PipelineRun",
     "Problem", "Schedule", "ScheduleError", "Timeline", "as_op", "as_schedule", "assign_layers",
     "bubble_fraction", "bubble_time", "bubble_time_ratio", "check_schedule", "chimera",
-    "delay_blocks", "dualpipe", "gpipe", "held_at_peak", "idle_fraction", "in_flight",
-    "interleaved",
+    "delay_blocks", "dualpipe", "gpipe", "held_at_peak", "idle_fraction", "idle_within",
+    "in_flight", "interleaved",
     "make_schedule", "naive", "needs", "no_delay", "one_f_one_b", "peak_activations",
     "peak_held", "pipeline_time", "problems", "problems_by_case", "run_order", "run_pipeline",
     "run_stage", "sent_messages", "simulate", "stage_times", "step_time", "terapipe", "zb_h1",

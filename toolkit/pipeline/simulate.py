@@ -150,6 +150,19 @@ def idle_fraction(table: pd.DataFrame, p: int | None = None) -> float:
     return _span_and_bubble(table, p)[1]
 
 
+def idle_within(table: pd.DataFrame, p: int | None = None) -> list[float]:
+    """Per stage, its idle time between its own first op and its last: what is left of the
+    bubble once the next step's fill may overlap this step's drain (the zero-bubble papers'
+    count, with the optimizer step free of synchronisations)."""
+    p = p if p is not None else int(table["stage"].max()) + 1
+    out = []
+    for r in range(p):
+        t = table[table["stage"] == r]
+        out.append(float(t["end"].max() - t["start"].min() - t["duration"].sum()) if len(t)
+                   else 0.0)
+    return out
+
+
 def stage_times(table: pd.DataFrame, v: float = 1, *, per_stage: bool = False,
                 weight: bool = False) -> tuple:
     """Mean (forward, backward) time of one micro-batch through a whole stage in a timeline
@@ -166,4 +179,4 @@ def stage_times(table: pd.DataFrame, v: float = 1, *, per_stage: bool = False,
     return tuple([float(means.get((r, k), 0.0)) * v for r in range(p)] for k in kinds)
 
 
-__all__ = ["COLUMNS", "Timeline", "idle_fraction", "simulate", "stage_times"]
+__all__ = ["COLUMNS", "Timeline", "idle_fraction", "idle_within", "simulate", "stage_times"]
