@@ -6,10 +6,15 @@ contents kept for the judges). The caps must sit well above what any correct sol
 this script grades each lab's reference solution (every visible and hidden check) and prints,
 for the launch that needed most, each of those figures, and the grading process's peak RSS
 (``ru_maxrss``, one fresh process per grade). With ``--attack PATH`` it grades a lab-01
-submission (the red team's) the same way and prints the peak RSS.
+submission (the red team's) the same way and prints the peak RSS; ``--fault NAME`` grades a
+fault of the corpus (tests/faults/01_collectives/NAME.py appended to the reference, as the
+fault tests build it), e.g. the red team's ``output_hoard`` and ``mark_flood``.
 
 Usage: python benchmarks/grader_footprint.py [--labs 01,02,...] [--attack DIR_OR_FILE ...]
-Memory, not time: a loaded machine changes nothing here but the seconds.
+                                             [--fault NAME ...] [--save | --record FILE.json]
+Memory, not time: a loaded machine changes nothing here but the seconds. ``--save`` records
+each grade's figures in benchmarks/results/grader_footprint.json (`saved`), where
+docs/grading.md's table of the courier's caps reads them.
 """
 
 from __future__ import annotations
@@ -18,10 +23,20 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import saved  # noqa: E402  (benchmarks/saved.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = ROOT / "labs"
+FAULTS = ROOT / "tests" / "faults" / "01_collectives"
+ABOUT = ("Per grade (a lab's reference with its hidden checks; a fault of the corpus or an "
+         "attack on lab 01's visible checks): score, launches, the most one launch needed of "
+         "each thing the courier caps (returned, kept, held, outbox: bytes; calls and marks: "
+         "counts), the failure kinds, and the grading process's peak RSS in MiB. "
+         "benchmarks/grader_footprint.py --save.")
 
 # Run in a fresh interpreter per grade so that ru_maxrss is this grade's alone. The wrappers
 # only read the courier's counters (a measurement; the package itself is unchanged).
@@ -74,27 +89,59 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.2f} MiB"
 
 
-def main() -> None:
+def fault_submission(name: str, folder: Path) -> Path:
+    """The corpus's fault `name` as a submission: lab 01's reference with the fault appended
+    (its later definitions win), as the fault tests build it."""
+    fault = FAULTS / f"{name}.py"
+    if not fault.is_file():
+        known = ", ".join(sorted(p.stem for p in FAULTS.glob("*.py")))
+        raise SystemExit(f"--fault {name}: no {fault.relative_to(ROOT)}; choose from {known}")
+    path = folder / name / "collectives.py"
+    path.parent.mkdir(parents=True)
+    path.write_text((LABS / "01_collectives" / "collectives.py").read_text()
+                    + f"\n\n# ---- fault: {name} ----\n\n" + fault.read_text())
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--labs", default="01,02,03,04,05,06,07",
                     help="comma-separated lab numbers, or ''")
     ap.add_argument("--attack", nargs="*", default=[],
                     help="lab-01 submissions to grade (visible checks), peak RSS printed")
-    args = ap.parse_args()
+    ap.add_argument("--fault", nargs="*", default=[], metavar="NAME",
+                    help="faults of tests/faults/01_collectives/ to grade the same way")
+    saved.add_arguments(ap, "grader_footprint")
+    args = ap.parse_args(argv)
+    save_to = saved.target(ap, args, "grader_footprint")
+
+    def keep(key: str, m: dict, load_before: float) -> None:
+        saved.record(save_to, "grader_footprint", key, m, about=ABOUT, load_before=load_before,
+                     argv=argv)
+
     for number in [n for n in args.labs.split(",") if n]:
-        lab_dir = next(p for p in sorted(LABS.iterdir()) if p.name.startswith(number))
+        lab_dir = next((p for p in sorted(LABS.iterdir()) if p.name.startswith(number)), None)
+        if lab_dir is None:
+            ap.error(f"--labs: no lab starts with {number!r} in {LABS}")
         student = next(p for p in sorted(lab_dir.glob("*.py"))
                        if p.stem not in ("harness", "checks", "expected", "layouts"))
+        load_before = saved.load_average()
         m = measure(lab_dir.name, student)
         print(f"{lab_dir.name}: {m['score']:g}/{m['max']:g}, {m['launches']} launches; most in "
               f"one launch: returned {_mib(m['returned'])}, {m['calls']:,} calls and marks "
               f"({m['marks']:,} marks), kept {_mib(m['kept'])}, held {_mib(m['held'])}, "
               f"replies queued {_mib(m['outbox'])}; grader peak RSS {m['rss_mib']:,.0f} MiB")
-    for path in args.attack:
-        m = measure("01_collectives", Path(path), hidden=False)
-        print(f"{path}: {m['score']:g}/{m['max']:g} (kinds {m['kinds']}), returned "
-              f"{_mib(m['returned'])}, {m['calls']:,} calls and marks ({m['marks']:,} marks) "
-              f"in the launch that made most; grader peak RSS {m['rss_mib']:,.0f} MiB")
+        keep(lab_dir.name, m, load_before)
+    with tempfile.TemporaryDirectory(prefix="footprint-") as work:
+        attacks = [(f"attack {Path(p).name}", Path(p)) for p in args.attack]
+        attacks += [(f"fault {n}", fault_submission(n, Path(work))) for n in args.fault]
+        for key, path in attacks:
+            load_before = saved.load_average()
+            m = measure("01_collectives", path, hidden=False)
+            print(f"{key}: {m['score']:g}/{m['max']:g} (kinds {m['kinds']}), returned "
+                  f"{_mib(m['returned'])}, {m['calls']:,} calls and marks ({m['marks']:,} "
+                  f"marks) in the launch that made most; grader peak RSS {m['rss_mib']:,.0f} MiB")
+            keep(key, m, load_before)
 
 
 if __name__ == "__main__":
