@@ -4,8 +4,9 @@ The grader's courier caps what it holds per launch (`autograder.sandbox.courier`
 ranks return, calls and marks it records, bytes waiting for a receive or a reader, message
 contents kept for the judges). The caps must sit well above what any correct solution needs:
 this script grades each lab's reference solution (every visible and hidden check) and prints,
-for the launch that needed most, each of those figures, and the grading process's peak RSS
-(``ru_maxrss``, one fresh process per grade). With ``--attack PATH`` it grades a lab-01
+for the launch that needed most, each of those figures (stacks: the most stacks of waits one
+rank kept at once), and the grading process's peak RSS (``ru_maxrss``, one fresh process per
+grade). With ``--attack PATH`` it grades a lab-01
 submission (the red team's) the same way and prints the peak RSS; ``--fault NAME`` grades a
 fault of the corpus (tests/faults/01_collectives/NAME.py appended to the reference, as the
 fault tests build it), e.g. the red team's ``output_hoard`` and ``mark_flood``.
@@ -35,8 +36,8 @@ FAULTS = ROOT / "tests" / "faults" / "01_collectives"
 ABOUT = ("Per grade (a lab's reference with its hidden checks; a fault of the corpus or an "
          "attack on lab 01's visible checks): score, launches, the most one launch needed of "
          "each thing the courier caps (returned, kept, held, outbox: bytes; calls and marks: "
-         "counts), the failure kinds, and the grading process's peak RSS in MiB. "
-         "benchmarks/grader_footprint.py --save.")
+         "counts; stacks: per rank), the failure kinds, and the grading process's peak RSS in "
+         "MiB. benchmarks/grader_footprint.py --save.")
 
 # Run in a fresh interpreter per grade so that ru_maxrss is this grade's alone. The wrappers
 # only read the courier's counters (a measurement; the package itself is unchanged).
@@ -47,7 +48,7 @@ from autograder.grade import grade
 from autograder.lab import find_lab, load_lab
 from autograder.sandbox import courier as cm, launch
 
-peaks = {"returned": 0, "calls": 0, "marks": 0, "kept": 0, "held": 0, "outbox": 0}
+peaks = {"returned": 0, "calls": 0, "marks": 0, "kept": 0, "held": 0, "outbox": 0, "stacks": 0}
 launches, marks = [0], {}
 init, reply, handle = cm.Courier.__init__, cm.Courier.reply, launch.handle
 
@@ -66,7 +67,8 @@ def _handle(c, rank, meta, payload):
     if isinstance(meta, dict) and meta.get("k") == "mark":
         marks[c.bench_number] = marks.get(c.bench_number, 0) + 1
         peaks["marks"] = max(peaks["marks"], marks[c.bench_number])
-    for name, value in (("returned", c.returned), ("calls", c.calls), ("kept", c.kept)):
+    for name, value in (("returned", c.returned), ("calls", c.calls), ("kept", c.kept),
+                        ("stacks", max(s.stacks for s in c.ranks))):
         peaks[name] = max(peaks[name], value)
 
 cm.Courier.__init__, cm.Courier.reply, launch.handle = _init, _reply, _handle
@@ -130,7 +132,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{lab_dir.name}: {m['score']:g}/{m['max']:g}, {m['launches']} launches; most in "
               f"one launch: returned {_mib(m['returned'])}, {m['calls']:,} calls and marks "
               f"({m['marks']:,} marks), kept {_mib(m['kept'])}, held {_mib(m['held'])}, "
-              f"replies queued {_mib(m['outbox'])}; grader peak RSS {m['rss_mib']:,.0f} MiB")
+              f"replies queued {_mib(m['outbox'])}, {m['stacks']} stack(s) of waits per rank; "
+              f"grader peak RSS {m['rss_mib']:,.0f} MiB")
         keep(lab_dir.name, m, load_before)
     with tempfile.TemporaryDirectory(prefix="footprint-") as work:
         attacks = [(f"attack {Path(p).name}", Path(p)) for p in args.attack]

@@ -41,11 +41,20 @@ def path_of(name: str) -> Path:
     return RESULTS / f"{name}.json"
 
 
+CODE = ["toolkit", "autograder", "labs", "benchmarks", ":!benchmarks/results"]
+"""What decides the figures: a change here, not yet committed, is marked on the commit."""
+
+
 def commit() -> str:
-    """The checkout's short commit ("" outside git): which code took the figures."""
+    """The checkout's short commit, with "+changes" when the code differs from it ("" outside
+    git): which code took the figures."""
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                           capture_output=True)
-    return done.stdout.strip() if done.returncode == 0 else ""
+    if done.returncode != 0:
+        return ""
+    changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *CODE], cwd=ROOT,
+                             capture_output=True).returncode == 1
+    return done.stdout.strip() + ("+changes" if changed else "")
 
 
 def load_average() -> float:
@@ -119,13 +128,24 @@ def write(path: Path, key: str, entry: dict[str, Any], *, about: str, section: s
         tmp.unlink(missing_ok=True)
 
 
+def rounded(value: Any) -> Any:
+    """`value` with every float to 6 significant digits (readable files, honest precision)."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v) for v in value]
+    return value
+
+
 def record(path: Path | None, name: str, key: str, figures: dict[str, Any], *, about: str,
            load_before: float, argv: list[str] | None) -> None:
     """Save one part's `figures` (with the machine and the command) into `path`, if any."""
     if path is None:
         return
     write(path, key, {"command": command(name, argv), "machine": machine(load_before),
-                      "figures": figures}, about=about, script=f"benchmarks/{name}.py")
+                      "figures": rounded(figures)}, about=about, script=f"benchmarks/{name}.py")
     print(f"saved {key!r} in {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}",
           flush=True)
 
