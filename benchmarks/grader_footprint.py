@@ -7,8 +7,9 @@ this script grades each lab's reference solution (every visible and hidden check
 for the launch that needed most, each of those figures (stacks: the most stacks of waits one
 rank kept at once), and the grading process's peak RSS (``ru_maxrss``, one fresh process per
 grade). With ``--attack PATH`` it grades a lab-01 submission (the red team's) the same way
-and prints the peak RSS; ``--fault NAME`` grades a fault of the corpus (tests/faults/01_collectives/NAME.py appended to the reference, as the
-fault tests build it), e.g. the red team's ``output_hoard`` and ``mark_flood``.
+and prints the peak RSS; ``--fault NAME`` grades a fault of the corpus
+(tests/faults/01_collectives/NAME.py appended to the reference, as the fault tests build it),
+e.g. the red team's ``output_hoard`` and ``mark_flood``.
 
 Usage: python benchmarks/grader_footprint.py [--labs 01,02,...] [--attack DIR_OR_FILE ...]
                                              [--fault NAME ...] [--save | --record FILE.json]
