@@ -39,6 +39,10 @@ MEMORY_FAULTS = {
     "result_tree_bomb": (["ar4", "ar4", "tree", "ag"], "result_limit",
                          r"more than 20,000 values", 1024, 60),
     "stack_flood": (["ar", "tree", "ag"], "deadlock", r"rank 0 in 14,99\d more calls", 640, 150),
+    # 200 nodes naming one 8 MiB payload: 1.6 GB per frame once decoded, before tensors had to
+    # name bytes of their own (issue 30); refused now before a tensor is built.
+    "result_alias": (["ar4", "ar4", "tree", "ag"], "tampering",
+                     r"two tensors name the same bytes", 640, 30),
 }
 
 _CHILD = """
