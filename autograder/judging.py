@@ -3,8 +3,11 @@
 A case is judged only when its launch finished (`GroupRecord.ok`); otherwise every case of the
 launch carries the launch's `Failure`. A finished case first passes the courier's own facts
 (a collective the courier refused fails it, kind builtin_collective, whatever its values), then
-its check's judge, which must not crash a grade on strange outputs: an exception there is a
-failed case with words, never a grader failure. Scores are shared equally among a check's cases.
+the form its lab declares for every rank's result (`autograder.outputs.conform`: shapes,
+dtypes, lengths and keys, before any arithmetic; what the form does not declare is dropped),
+then its check's judge, which must not crash a grade on strange outputs: an exception there is
+a failed case with words, never a grader failure. Scores are shared equally among a check's
+cases.
 
 The grader judges each launch as soon as it ends (`judge_launch`, called by the session) and
 keeps only its verdicts: the outputs and the courier's record of one launch (up to the
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .lab import CaseResult, Check, Lab
+from .outputs import Form, OutputError, conform
 from .protocol import CaseKey, GroupKey, GroupRecord, Verdict
 from .sanitize import printable
 
@@ -54,8 +58,25 @@ def _refused(result: CaseResult) -> Verdict | None:
     return None
 
 
-def judge_case(check: Check, result: CaseResult) -> Verdict:
-    bad = _refused(result)
+def _conformed(result: CaseResult, form: Form | None) -> Verdict | None:
+    """A failed verdict when a rank's result lacks its declared form; otherwise None, with
+    `result.outputs` replaced by the conformed results (only what the form declares)."""
+    if form is None:
+        return None
+    outputs = []
+    for rank, (out, inputs) in enumerate(zip(result.outputs, result.inputs)):
+        try:
+            outputs.append(conform(out, form(result.case, inputs, rank, result.world_size)))
+        except OutputError as err:
+            return Verdict(False, f"rank {rank}'s result does not have the form the lab's "
+                                  f"harness returns (nothing of it was judged): "
+                                  f"{printable(str(err))[:300]}")
+    result.outputs = outputs
+    return None
+
+
+def judge_case(check: Check, result: CaseResult, form: Form | None = None) -> Verdict:
+    bad = _refused(result) or _conformed(result, form)
     if bad is not None:
         return bad
     try:
@@ -70,7 +91,7 @@ def judge_case(check: Check, result: CaseResult) -> Verdict:
 
 
 def _launch_verdicts(check: Check, ci: int, record: GroupRecord,
-                     cases: dict[CaseKey, PlannedCase]) -> list[Verdict]:
+                     cases: dict[CaseKey, PlannedCase], form: Form | None) -> list[Verdict]:
     ws = record.key.world_size
     indices = [k for k, c in enumerate(check.cases) if c["world_size"] == ws]
     if record.failure is not None:
@@ -88,7 +109,7 @@ def _launch_verdicts(check: Check, ci: int, record: GroupRecord,
             out.append(Verdict(False, f"case {k}: the ranks returned no result", "exception"))
             continue
         out.append(judge_case(check, CaseResult(planned.case, ws, planned.inputs, outputs,
-                                                traffic)))
+                                                traffic), form))
     return out
 
 
@@ -107,7 +128,8 @@ def score(check: Check, verdicts: list[Verdict]) -> CheckResult:
 def judge_launch(lab: Lab, record: GroupRecord, cases: dict[CaseKey, PlannedCase]) -> None:
     """Judge `record`'s cases now (`record.verdicts`) and drop its outputs and traffic."""
     ci = record.key.check
-    record.verdicts = _launch_verdicts(lab.checks[ci], ci, record, cases)
+    check = lab.checks[ci]
+    record.verdicts = _launch_verdicts(check, ci, record, cases, lab.outputs.get(check.call))
     record.outputs.clear()
     record.traffic.clear()
 
@@ -126,7 +148,8 @@ def judge_run(lab: Lab, records: dict[GroupKey, GroupRecord],
                                      "skipped")] * n
                 continue
             verdicts += (record.verdicts if record.verdicts is not None
-                         else _launch_verdicts(check, ci, record, cases))
+                         else _launch_verdicts(check, ci, record, cases,
+                                               lab.outputs.get(check.call)))
         results.append(score(check, verdicts))
     return results
 

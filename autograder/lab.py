@@ -10,7 +10,8 @@ A lab folder (``labs/NN_slug/``) holds:
   ranks make (``CALLS[name](student_module, call) -> output``, where `call` is an
   `autograder.sandbox.probe.Call`: rank, world size, the case's public parameters and this
   rank's inputs alone); copied into the sandbox for the calls;
-* ``checks.py``: ``LAB`` (a `LabInfo`) and ``CHECKS`` (the visible `Check` list);
+* ``checks.py``: ``LAB`` (a `LabInfo`), ``CHECKS`` (the visible `Check` list) and ``OUTPUTS``
+  (call name → the form of a rank's result, `autograder.outputs`: checked before any judge);
 * ``hidden/checks.py`` (instructors only; `release` leaves it out): more ``CHECKS``;
 * a playground notebook.
 
@@ -23,11 +24,12 @@ a rank says.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
+from .outputs import Form
 from .protocol import RankTraffic, Verdict, canonical_op
 from .sandbox.rank import load_module
 from .sandbox.reduce import COLLECTIVES
@@ -136,6 +138,9 @@ class Lab:
     checks: list[Check]
     harness: ModuleType
     hidden_loaded: bool = False
+    outputs: dict[str, Form] = field(default_factory=dict)
+    """Call name → the form of a rank's result (checks.py's ``OUTPUTS``; `autograder.outputs`):
+    every result is checked against it before its judge reads it."""
 
     @property
     def module(self) -> str:
@@ -183,7 +188,8 @@ def load_lab(path: Path, *, hidden: bool = True) -> Lab:
     if hidden_loaded:
         hidden_checks = list(load_module(hidden_path, f"{tag}_hidden").CHECKS)
         checks += [Check(**{**c.__dict__, "visible": False}) for c in hidden_checks]
-    return Lab(checks_mod.LAB, path, checks, harness, hidden_loaded)
+    return Lab(checks_mod.LAB, path, checks, harness, hidden_loaded,
+               dict(getattr(checks_mod, "OUTPUTS", {})))
 
 
 __all__ = ["CaseResult", "Check", "Lab", "LabInfo", "Verdict", "find_lab", "load_lab",
