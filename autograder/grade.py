@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .judging import CheckResult, PlannedCase, judge_launch, judge_run
+from .judging import NOT_JUDGED, CheckResult, PlannedCase, judge_launch, judge_run
 from .lab import Lab
 from .protocol import CaseKey, GroupKey
 from .sandbox.files import remove
@@ -161,6 +161,8 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
         raise ValueError(f"grade: a cuda grade of {lab.info.slug} needs {max_ranks(lab)} GPUs "
                          f"(one per rank), got {gpus!r}")
     start = time.monotonic()
+    limits = limits or Limits()
+    deadline = start + limits.wall_s  # everything below, judging included, ends by it
     submission = Path(submission)
     result = GradeResult(lab, str(submission))
     files, missing = _files(lab, submission)
@@ -193,9 +195,11 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
               sources={n: b.decode("utf-8", "replace") for n, b in files.items()},
               device=device, gpus=",".join(str(g) for g in gpus or []) if device == "cuda"
               else "")
+    budget = f" of {limits.wall_s:g} s"
     try:
-        run = run_session(job, launches, limits or Limits(), workdir,
-                          on_record=lambda record: judge_launch(lab, record, cases))
+        run = run_session(job, launches, limits, workdir, deadline=deadline,
+                          on_record=lambda record: judge_launch(
+                              lab, record, cases, deadline=deadline, budget=budget))
     finally:
         unmount_below(workdir)  # a launch's tmpfs, should a failure have skipped its cleanup
         remove(workdir)
@@ -216,7 +220,15 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
     for key, kind in hit:
         result.notes.append(f"{lab.checks[key.check].name} [{key.world_size} ranks] hit "
                             f"{kind}; the other checks ran on fresh ranks (total budget "
-                            f"{(limits or Limits()).wall_s:g} s).")
+                            f"{limits.wall_s:g} s).")
+    late = sum(1 for r in run.records.values() for v in r.verdicts or []
+               if v.kind == NOT_JUDGED and v.message.startswith("Not judged"))
+    unrun = sum(1 for r in run.records.values()
+                if r.failure is not None and r.failure.kind == "wall_limit")
+    if late or unrun:
+        result.notes.append(f"The grade's total budget{budget} ran out: {unrun} launch(es) "
+                            f"not run and {late} case(s) not judged score zero; everything "
+                            "judged before it is scored.")
     result.seconds = time.monotonic() - start
     return result
 

@@ -14,12 +14,22 @@ keeps only its verdicts: the outputs and the courier's record of one launch (up 
 courier's caps, `autograder.sandbox.courier`) never wait in memory for the next launch. The
 verdicts are those `judge_run` would give the full record after the last launch: the same
 function on the same facts, only sooner.
+
+Judging counts against the grade's time. `judge_launch` takes the grade's deadline: a case not
+judged by then is not judged (kind wall_limit, "not judged"), and a judge still running at the
+deadline is interrupted (SIGALRM, in the main thread, where the grader judges; a timer another
+caller had set is restored after), so a grade ends by its budget plus the time to stop its
+processes, whatever a judge would have cost (docs/grading.md, "A timeout that holds").
 """
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from .lab import CaseResult, Check, Lab
 from .outputs import Form, OutputError, conform
@@ -90,8 +100,59 @@ def judge_case(check: Check, result: CaseResult, form: Form | None = None) -> Ve
     return verdict
 
 
+NOT_JUDGED = "wall_limit"
+"""The kind of a case the grade's budget ran out before judging."""
+
+
+class OutOfTime(BaseException):
+    """The grade's deadline passed while judging (a BaseException: no judge's ``except
+    Exception`` may swallow it)."""
+
+
+@contextmanager
+def _until(deadline: float | None) -> Iterator[None]:
+    """Raise OutOfTime in this block at `deadline` (time.monotonic()): a real-time timer in the
+    main thread (elsewhere, or with no deadline, nothing is armed: callers check between
+    cases). A timer someone else had armed (pytest-timeout's) is put back, less the time spent
+    here."""
+    if deadline is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def ring(signum, frame):
+        raise OutOfTime()
+
+    began = time.monotonic()
+    old_handler = signal.signal(signal.SIGALRM, ring)
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL,
+                                               max(deadline - began, 1e-3))
+    try:
+        yield
+    finally:
+        while True:  # the timer may ring just as the block ends: disarm it whatever happens
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old_handler)
+                break
+            except OutOfTime:
+                continue
+        if old_delay:
+            signal.setitimer(signal.ITIMER_REAL,
+                             max(old_delay - (time.monotonic() - began), 1e-3), old_interval)
+
+
+def _not_judged(budget: str) -> Verdict:
+    return Verdict(False, f"Not judged: the grade used up its total budget{budget} before this "
+                          "case was judged.", NOT_JUDGED)
+
+
 def _launch_verdicts(check: Check, ci: int, record: GroupRecord,
-                     cases: dict[CaseKey, PlannedCase], form: Form | None) -> list[Verdict]:
+                     cases: dict[CaseKey, PlannedCase], form: Form | None,
+                     out: list[Verdict] | None = None,
+                     deadline: float | None = None) -> list[Verdict]:
+    """Every case of `record` judged, appended to `out` as it is (so that what was judged
+    before an OutOfTime is kept); cases past `deadline` are not judged."""
+    out = [] if out is None else out
     ws = record.key.world_size
     indices = [k for k, c in enumerate(check.cases) if c["world_size"] == ws]
     if record.failure is not None:
@@ -99,9 +160,11 @@ def _launch_verdicts(check: Check, ci: int, record: GroupRecord,
         message = f"[{ws} ranks] {f.message}"
         if f.kind == "exception" and record.log_tail.strip():
             message += f"\nWhat the ranks printed last:\n{record.log_tail.strip()[-800:]}"
-        return [Verdict(False, message, f.kind)] * len(indices)
-    out = []
+        out += [Verdict(False, message, f.kind)] * len(indices)
+        return out
     for k in indices:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise OutOfTime()
         planned = cases[CaseKey(ci, k)]
         outputs = record.outputs.get(k)
         traffic = record.traffic.get(k)
@@ -125,11 +188,22 @@ def score(check: Check, verdicts: list[Verdict]) -> CheckResult:
     return CheckResult(check, points, passed, total, kind if passed < total else None, message)
 
 
-def judge_launch(lab: Lab, record: GroupRecord, cases: dict[CaseKey, PlannedCase]) -> None:
-    """Judge `record`'s cases now (`record.verdicts`) and drop its outputs and traffic."""
+def judge_launch(lab: Lab, record: GroupRecord, cases: dict[CaseKey, PlannedCase], *,
+                 deadline: float | None = None, budget: str = "") -> None:
+    """Judge `record`'s cases now (`record.verdicts`) and drop its outputs and traffic. Cases
+    not judged by `deadline` (time.monotonic()) are not judged (`budget` names the grade's
+    budget in their message, e.g. " of 60 s")."""
     ci = record.key.check
     check = lab.checks[ci]
-    record.verdicts = _launch_verdicts(check, ci, record, cases, lab.outputs.get(check.call))
+    judged: list[Verdict] = []
+    try:
+        with _until(deadline):
+            _launch_verdicts(check, ci, record, cases, lab.outputs.get(check.call), judged,
+                             deadline)
+    except OutOfTime:
+        n = sum(1 for c in check.cases if c["world_size"] == record.key.world_size)
+        judged += [_not_judged(budget)] * (n - len(judged))
+    record.verdicts = judged
     record.outputs.clear()
     record.traffic.clear()
 
@@ -154,4 +228,5 @@ def judge_run(lab: Lab, records: dict[GroupKey, GroupRecord],
     return results
 
 
-__all__ = ["CheckResult", "PlannedCase", "judge_case", "judge_launch", "judge_run", "score"]
+__all__ = ["NOT_JUDGED", "CheckResult", "OutOfTime", "PlannedCase", "judge_case", "judge_launch",
+           "judge_run", "score"]

@@ -107,8 +107,8 @@ def test_judging_each_launch_as_it_ends_changes_no_result(tmp_path, monkeypatch)
     path = submission("mistake_chunk_order", tmp_path / "submissions")
     dropped = []
 
-    def judged_now(lab_, record, cases):
-        judge_launch(lab_, record, cases)
+    def judged_now(lab_, record, cases, **budget):
+        judge_launch(lab_, record, cases, **budget)
         dropped.append((record.verdicts is not None, record.outputs, record.traffic))
 
     def summary():
@@ -117,7 +117,7 @@ def test_judging_each_launch_as_it_ends_changes_no_result(tmp_path, monkeypatch)
 
     monkeypatch.setattr(grade_module, "judge_launch", judged_now)
     early = summary()
-    monkeypatch.setattr(grade_module, "judge_launch", lambda lab_, record, cases: None)
+    monkeypatch.setattr(grade_module, "judge_launch", lambda lab_, record, cases, **_: None)
     late = summary()
     assert early == late
     assert len(dropped) == 4 and all(d == (True, {}, {}) for d in dropped)
