@@ -20,7 +20,9 @@ Forms, as Python values:
 * a ``list`` of forms: a list or tuple of exactly that many items, item k of form k;
 * `Seq(form, length)`: a list of ``length`` items (None: any number, each counted by the
   courier's RESULT_NODES) of one form;
-* a ``dict`` of forms: a dict holding every key, each of its form (other keys are dropped);
+* a ``dict`` of forms: a dict holding every key, each of its form (other keys are dropped; a
+  key whose form is `Maybe` may be absent); `Mapping(form)`: a dict with any text keys, each
+  value of that form;
 * `Maybe(form)`: None or that form; `Either(a, b, ...)`: the first form that fits;
 * ``int``, ``float`` (an int too), ``bool``, ``str``, `SCALAR` (any of those or None).
 """
@@ -65,6 +67,14 @@ class Seq:
 
     item: Any
     length: int | None = None
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """A dict with any text keys (each counted by the courier's RESULT_NODES), every value of
+    one form."""
+
+    value: Any
 
 
 @dataclass(frozen=True)
@@ -138,13 +148,16 @@ def conform(value: Any, form: Any, path: str = "") -> Any:
             raise OutputError(path, f"{len(value)} items, expected {want}")
         items = form if isinstance(form, list) else [form.item] * len(value)
         return [conform(v, f, f"{path}[{k}]") for k, (v, f) in enumerate(zip(value, items))]
-    if isinstance(form, dict):
+    if isinstance(form, (dict, Mapping)):
         if not isinstance(value, dict):
             raise OutputError(path, f"expected a dict, got {_kind(value)}")
-        missing = [k for k in form if k not in value]
+        if isinstance(form, Mapping):
+            return {k: conform(v, form.value, f"{path}[{k!r}]") for k, v in value.items()}
+        missing = [k for k, f in form.items() if k not in value and not isinstance(f, Maybe)]
         if missing:
             raise OutputError(path, f"no {', '.join(map(repr, missing[:4]))} in it")
-        return {k: conform(value[k], f, f"{path}[{k!r}]") for k, f in form.items()}
+        return {k: conform(value[k], f, f"{path}[{k!r}]") for k, f in form.items()
+                if k in value}
     if form is SCALAR:
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
@@ -165,5 +178,5 @@ def state_form(state: dict[str, torch.Tensor], dtypes: frozenset[str] = FLOATS) 
     return {name: Tensor(tuple(t.shape), dtypes) for name, t in state.items()}
 
 
-__all__ = ["FLOATS", "SCALAR", "Either", "Form", "Maybe", "OutputError", "Seq", "Tensor",
-           "conform", "state_form"]
+__all__ = ["FLOATS", "SCALAR", "Either", "Form", "Mapping", "Maybe", "OutputError", "Seq",
+           "Tensor", "conform", "state_form"]
