@@ -251,13 +251,9 @@ def unpack_counted(tree: Any, payload: bytes, *, max_nodes: int | None = None,
         raise TreeTooLarge(f"{decoded:,} bytes of tensors, over {max_bytes:,}", "bytes")
     count = 0
 
-    def walk(node: Any, depth: int) -> Any:
+    def walk(node: Any, depth: int) -> Any:  # `disjoint` bounded the nodes and the depth
         nonlocal count
         count += 1
-        if max_nodes is not None and count > max_nodes:
-            raise TreeTooLarge(f"more than {max_nodes:,} values")
-        if depth > MAX_DEPTH:
-            raise FrameError("tree nested too deeply")
         if isinstance(node, list):
             return [walk(x, depth + 1) for x in node]
         if isinstance(node, dict):
