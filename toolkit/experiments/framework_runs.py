@@ -238,8 +238,10 @@ def _accelerate(run: str, config: AccumConfig, rank: int, world_size: int) -> di
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2) if run == "accelerate_fsdp" else None
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=config.micro_batches,
                               fsdp_plugin=plugin)
+    dev = accelerator.device   # the CPU: Accelerator(cpu=True)
     _, x, y = config.train.dataset().tensors
-    model = config.train.build_model()
+    x, y = x.to(dev), y.to(dev)
+    model = config.train.build_model(dev)
     names = [n for n, _ in model.named_parameters()]
     losses = []
     with comm.recording() as trace:
@@ -247,7 +249,7 @@ def _accelerate(run: str, config: AccumConfig, rank: int, world_size: int) -> di
         opt = accelerator.prepare(torch.optim.SGD(prepared.parameters(), lr=config.train.lr))
         for batch in config.batches(rank, world_size):
             total = 0.0
-            for micro in torch.tensor(batch).split(config.micro_batch_size):
+            for micro in torch.tensor(batch, device=dev).split(config.micro_batch_size):
                 # accumulate(): no gradient sync but at the boundary, loss / k, opt.step() and
                 # zero_grad() do nothing until then (Accelerate's gradient accumulation guide).
                 with accelerator.accumulate(prepared):
