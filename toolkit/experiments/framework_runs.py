@@ -64,7 +64,7 @@ from ..data_parallel.zero import ShardedOptimizer
 from ..framework_settings import deepspeed_config
 from ..launch import device, spawn
 from ..models import course_loss
-from .train_config import TrainConfig
+from .train_config import TrainConfig, max_param_diff
 
 STAGES = (0, 1, 2, 3)
 DEEPSPEED_RUNS = tuple(f"deepspeed_zero{s}" for s in STAGES)
@@ -125,11 +125,7 @@ class RankRun:
 
     def max_param_diff(self, other: "RankRun") -> float:
         """Largest |difference| between rank 0's final parameters here and in `other`."""
-        a, b = self.params[0], other.params[0]
-        if a.keys() != b.keys():
-            raise ValueError(f"max_param_diff: {self.name} and {other.name} name their "
-                             f"parameters differently: {sorted(a.keys() ^ b.keys())}")
-        return max((a[k] - b[k]).abs().max().item() for k in a)
+        return max_param_diff(self.params[0], other.params[0], names=(self.name, other.name))
 
     def calls(self, op: str, *, rank: int = 0) -> int:
         return sum(e.op == op for e in self.events if e.rank == rank)

@@ -62,7 +62,7 @@ from ..data_parallel.sampler import shard_indices
 from ..comm.kernel_io import written_bytes
 from ..frameworks import CourseModule, RecorderCallback, course_loss, quiet, read_recorded
 from ..launch import device, spawn
-from .train_config import TrainConfig
+from .train_config import TrainConfig, max_param_diff
 
 LAUNCHED = {"lightning_ddp": {}, "lightning_ddp_log": {"sync_log": True},
             "lightning_ddp_ckpt": {"checkpoint": True}}
@@ -95,11 +95,7 @@ class RunResult:
 
     def max_param_diff(self, other: "RunResult") -> float:
         """Largest |difference| between rank 0's final parameters here and in `other`."""
-        a, b = self.params[0], other.params[0]
-        if a.keys() != b.keys():
-            raise ValueError(f"max_param_diff: {self.name} and {other.name} name their "
-                             f"parameters differently: {sorted(a.keys() ^ b.keys())}")
-        return max((a[k] - b[k]).abs().max().item() for k in a)
+        return max_param_diff(self.params[0], other.params[0], names=(self.name, other.name))
 
     def max_loss_diff(self, other: "RunResult") -> float:
         """Largest |difference| between the per-step losses of the two runs, any rank (inf

@@ -7,6 +7,7 @@ pays no Lightning import.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -14,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from ..arguments import check_int, check_positive
 from ..models import GPTConfig, TinyGPT, TinyMLP, make_regression_data, make_token_data
 
-__all__ = ["TrainConfig"]
+__all__ = ["TrainConfig", "max_param_diff"]
 
 
 @dataclass(frozen=True)
@@ -57,3 +58,13 @@ class TrainConfig:
     def loader(self) -> DataLoader:
         """The DataLoader a Lightning user writes: no sampler, no shuffle (Lightning adds both)."""
         return DataLoader(self.dataset(), batch_size=self.batch_size)
+
+
+def max_param_diff(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], *,
+                   names: tuple[str, str] = ("a", "b")) -> float:
+    """Largest |difference| between two runs' parameters, name by name (`names`: the runs, for
+    the error when they name their parameters differently)."""
+    if a.keys() != b.keys():
+        raise ValueError(f"max_param_diff: {names[0]} and {names[1]} name their parameters "
+                         f"differently: {sorted(a.keys() ^ b.keys())}")
+    return max((a[k] - b[k]).abs().max().item() for k in a)
