@@ -111,7 +111,7 @@ SETTINGS: tuple[Setting, ...] = _rows("DeepSpeed", DEEPSPEED_DOC, (
     ("parallelism.pipeline_parallel_degree, pipeline_parallel_schedule", "pipeline stages and "
      "schedule (lessons 10-11: GPipe, 1F1B, interleaved, ZB)", "Ψ/pp per rank; bubble "
      "(pp−1)/(m+pp−1)"),
-    ("parallelism.context_parallel_degree", "ring attention (lesson 14)",
+    ("parallelism.context_parallel_degree", "ring attention (lessons 12, 14)",
      "activations /cp; keys and values passed round the ring"),
     ("parallelism.expert_parallel_degree", "experts over ranks (lesson 13)",
      "expert weights /ep; two all-to-alls per MoE layer"),
@@ -119,12 +119,14 @@ SETTINGS: tuple[Setting, ...] = _rows("DeepSpeed", DEEPSPEED_DOC, (
      "'never': one gather fewer per step, parameters held through backward"),
     ("compile.enable", "torch.compile of model and loss", "no change in bytes on the wire; "
      "fewer activation bytes where ops fuse"),
-    ("float8 converter (recipe_name='rowwise')", "fp8 GEMMs with scales (lesson 05)",
+    ("model_registry(..., converters=[Float8LinearConverter.Config(recipe_name='rowwise')])",
+     "fp8 GEMMs with scales (lesson 05)",
      "1-byte GEMM inputs; weights and gradients stay bf16/fp32"),
     ("checkpoint.interval, checkpoint.async_mode", "checkpoints (lesson 04: save_checkpoint)",
      "each rank writes its shard (DCP) every interval steps"),
-    ("activation_checkpoint.mode = 'full' | 'selective'", "recomputation (Chen; Korthikanti; "
-     "lesson 07)", "activations ~2sbh per layer (full) for one extra forward"),
+    ("activation_checkpoint: FullAC / SelectiveAC (mode = 'full' | 'selective' in earlier "
+     "releases' TOML)", "recomputation (Chen et al.; Korthikanti et al.; lesson 07)",
+     "activations ~2sbh per layer (full) for one extra forward"),
 )) + _rows("Megatron-Core", MEGATRON_DOC, (
     ("tensor_model_parallel_size (--tensor-model-parallel-size)", "TP (lesson 12)",
      "Ψ/tp per rank; 4 all-reduces of s·b·h per layer and step"),
@@ -133,7 +135,7 @@ SETTINGS: tuple[Setting, ...] = _rows("DeepSpeed", DEEPSPEED_DOC, (
     ("pipeline_model_parallel_size", "pipeline stages (lesson 10)", "Ψ/pp per rank"),
     ("virtual_pipeline_model_parallel_size", "interleaved 1F1B, v chunks (lesson 10)",
      "bubble (pp−1)/(v·m + pp−1); v× the point-to-point messages"),
-    ("context_parallel_size", "ring attention (lesson 14)", "activations /cp"),
+    ("context_parallel_size", "ring attention (lessons 12, 14)", "activations /cp"),
     ("expert_model_parallel_size", "EP (lesson 13), folded with dp·cp",
      "expert weights /ep; all-to-all dispatch and combine"),
 )) + _rows("Megatron-Core", MEGATRON_DP_DOC, (
