@@ -1,22 +1,40 @@
-# The README's two commands, and their helpers.
+# The README's commands, and their helpers.
 #
-#   make lab     set up .venv if needed, then open JupyterLab at the repository root on the
-#                lesson map (lessons/README.md), as Binder does: lessons and labs one click away
+#   make lab     set up .venv if needed, copy the student edition's lessons and labs into
+#                workspace/ (first run; later runs add only what is new, never overwriting your
+#                work) and open JupyterLab there on the lesson map, `autograder` on its
+#                terminal's PATH
+#   make setup   create or refresh .venv: torch (the CPU build: scripts/install_torch.py), then
+#                this project
+# BEGIN INSTRUCTORS ONLY
 #   make test    set up .venv if needed, then run the whole test suite (what .ci/run calls)
 #                (and, the first time, install headless Chromium for the browser test: see browser,
 #                and SLURM for the cluster tests: see slurm)
 #   make test-busy   the same suite with a CPU-burning process beside it (a busy laptop)
 #   make site    the course as a static website in build/site/html (every lesson executed)
+# END INSTRUCTORS ONLY
 #
-# Everything is installed into .venv inside the repo from the project's own files. torch is
-# pinned to the CPU build first so that `pip install -e .` (which accepts a range) installs no
-# CUDA wheel; on a GPU node install your CUDA torch into .venv first, or set TORCH_SPEC.
+# Everything is installed into .venv inside the repo from the project's own files. torch first:
+# scripts/install_torch.py keeps a torch already in .venv within pyproject's range (a GPU user's
+# CUDA build), else installs its pin, the CPU build on Linux from PyTorch's CPU index (falling
+# back to pip's configured index, saying so, when that cannot be reached). TORCH_SPEC='torch==X'
+# and/or TORCH_INDEX=URL (e.g. https://download.pytorch.org/whl/cu126; `default`: pip's own)
+# install another over it. Then `pip install -e .`, whose torch range is then satisfied.
 
 PYTHON     ?= python3
 VENV       := .venv
 BIN        := $(VENV)/bin
-TORCH_SPEC ?= torch==2.13.0
+TORCH_SPEC ?=
+TORCH_INDEX ?=
+# Naming a spec or an index replaces the torch there is; the script's pin is the default.
+TORCH_ARGS := $(if $(TORCH_SPEC),--spec '$(TORCH_SPEC)' --replace) $(if $(TORCH_INDEX),--index '$(TORCH_INDEX)' --replace)
 STAMP      := $(VENV)/.installed
+# `make lab`'s folder: the student's copies of the lessons and labs (git-ignored).
+WORKSPACE  ?= workspace
+# BEGIN INSTRUCTORS ONLY
+# pip extras `make setup` installs: the test suite's and the website's tools (a student edition
+# has no tests and installs none).
+SETUP_EXTRAS ?= [test]
 # Elsewhere than Debian's path: CHROMIUM=/path/to/chromium (tests/chromium.py reads it too).
 CHROMIUM   ?= /usr/bin/chromium
 # Set once an apt-get install of Chromium was tried, so a failed one is not retried every run.
@@ -33,19 +51,20 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS)
 GPU_CHECK_ARGS ?=
+# END INSTRUCTORS ONLY
 
-.PHONY: lab test test-busy setup browser slurm node site bench gpu-check clean help
+.PHONY: lab test test-busy setup browser slurm node site bench gpu-check wheelhouse clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 setup: $(STAMP)  ## create or refresh .venv (re-runs when pyproject.toml or this file changes)
 
-$(STAMP): pyproject.toml Makefile binder/overrides.json
-	@echo "Setting up $(VENV) (the first time takes about a minute)..."
+$(STAMP): pyproject.toml Makefile binder/overrides.json scripts/install_torch.py
+	@echo "Setting up $(VENV) (the first time downloads torch and JupyterLab: minutes)..."
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	$(BIN)/python scripts/install_torch.py $(TORCH_ARGS)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".$(SETUP_EXTRAS)"
 	@# The course's JupyterLab settings, as on Binder: Markdown (the lesson map) opens rendered.
 	@mkdir -p $(VENV)/share/jupyter/lab/settings
 	@cp binder/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
@@ -55,13 +74,21 @@ $(STAMP): pyproject.toml Makefile binder/overrides.json
 # JupyterLab refuses to start as root (containers, Binder-like machines) unless told it may.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Rooted at the repository (JupyterLab never goes above its root: rooted at lessons/, the labs
-# were out of reach); the URL it prints opens the lesson map first, rendered (overrides.json).
+# Rooted at the workspace, which holds lessons/ and labs/ side by side (JupyterLab never goes
+# above its root); the URL it prints opens the lesson map first, rendered (overrides.json).
 LAB_MAP := --LabApp.default_url=/lab/tree/lessons/README.md
+# Its terminals: the user's shell, not a login shell (JupyterLab starts one with -l when its own
+# output is not a terminal, and a login shell's /etc/profile resets PATH), so that the PATH
+# `lab` gives it, with .venv/bin first, reaches them: `autograder` works there.
+LAB_TERMINAL := --ServerApp.terminado_settings=shell_command="$${SHELL:-/bin/sh}"
+LAB_PATH := PATH="$(CURDIR)/$(BIN):$$PATH"
+LAB_ARGS ?=
 
-lab: setup  ## open JupyterLab at the repo root on the lesson map (CPU; prints the URL to open)
-	$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser $(LAB_ROOT) $(LAB_MAP)
+lab: setup  ## copy lessons and labs into workspace/ (never overwriting), open JupyterLab there
+	$(BIN)/autograder release --workspace --out $(WORKSPACE)
+	$(LAB_PATH) $(BIN)/jupyter lab --ip=127.0.0.1 --no-browser $(LAB_ROOT) --ServerApp.root_dir=$(WORKSPACE) $(LAB_MAP) $(LAB_TERMINAL) $(LAB_ARGS)
 
+# BEGIN INSTRUCTORS ONLY
 # tests/test_browser.py runs the lessons in a real (headless) Chromium; without one it skips.
 # Debian's package is the only browser we can get: Playwright's own download needs the open
 # internet. This step never fails the build: no root, no apt-get or a failed install mean skip.
@@ -133,10 +160,24 @@ node: | $(STAMP)  ## install Node.js for the website build if missing (Debian, a
 site: setup node  ## build the course website into build/site/html (runs every lesson once)
 	$(BIN)/python website/site_build.py $(SITE_ARGS)
 
-# On a GPU node, after installing a CUDA build of torch into .venv: what docs/cluster.md lists.
-# Without a CUDA torch and 2 GPUs it stops at once with a message (exit 2).
-gpu-check: setup  ## GPU node: GPU tests, NCCL benchmarks, every lesson on NCCL -> results/gpu-HOST/
-	$(BIN)/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+# A GPU node: `make gpu-check` runs the course's GPU half with GPU_PYTHON, the Python that holds
+# the node's CUDA torch (default: .venv's, once you installed your CUDA torch there: README). It
+# never installs torch: benchmarks/wheelhouse.py checks torch is there, installs from WHEELHOUSE
+# (with --no-index) what else is missing, and the project itself (editable, --no-deps). A node
+# without internet gets its wheels from `make wheelhouse`, run on a connected machine for the
+# node's Python (WHEEL_PYTHON) and platform (WHEEL_PLATFORM). docs/cluster.md has the recipe.
+GPU_PYTHON     ?= $(BIN)/python
+WHEELHOUSE     ?= wheelhouse
+WHEEL_PYTHON   ?= 3.12
+WHEEL_PLATFORM ?= x86_64
+
+wheelhouse:  ## connected machine: wheels of all the GPU check needs but torch -> WHEELHOUSE (WHEEL_PYTHON, WHEEL_PLATFORM)
+	$(PYTHON) benchmarks/wheelhouse.py download --python $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) --dest $(WHEELHOUSE)
+
+gpu-check:  ## GPU node: fork safety, GPU figures and tests, grades, benchmarks, lessons -> results/gpu-HOST/ (GPU_PYTHON=...)
+	@test -x "$(GPU_PYTHON)" || { echo "gpu-check: no Python at $(GPU_PYTHON): set GPU_PYTHON to the one that holds your CUDA torch (docs/cluster.md)"; exit 2; }
+	$(GPU_PYTHON) benchmarks/wheelhouse.py install $(if $(wildcard $(WHEELHOUSE)),--from $(WHEELHOUSE))
+	$(GPU_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 test: setup browser slurm node  ## run every test: unit, multi-rank, notebooks, lessons in a browser, SLURM
 	$(PYTEST) $(PYTEST_ARGS)
@@ -150,6 +191,7 @@ test-busy: setup browser slurm node  ## run every test with BURNERS (default 1) 
 	trap 'kill $$pids 2>/dev/null' INT TERM EXIT; \
 	echo "$(BURNERS) CPU burner(s) running beside the suite (pids$$pids)"; \
 	$(PYTEST) $(PYTEST_ARGS)
+# END INSTRUCTORS ONLY
 
 bench: setup  ## print every figure (benchmarks/): launcher, collectives, DDP, FSDP, memory, bubbles, lessons
 	$(BIN)/python benchmarks/launch_overhead.py

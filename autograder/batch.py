@@ -6,6 +6,8 @@ can never disturb another's state (subreaper, signals, memory), and a grader tha
 leaves the others going; a submission whose grader dies gets a results.json saying so.
 Results: ``OUT/NAME/results.json`` and ``OUT/NAME/report.txt`` per submission, and
 ``OUT/summary.csv`` (one row per submission: score, seconds, failure kinds, each check's score).
+A batch into an ``OUT`` that holds an earlier summary merges: rows of submissions graded again
+are replaced, the others kept (as their folders are), and the batch says how many it kept.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from .report import validate_results
 
 
 def find_submissions(folder: Path) -> list[Path]:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} {'is not a folder' if folder.exists() else 'does not exist'}"
+                         ": give the folder that holds the submissions (one sub-folder or .py "
+                         "file each)")
     subs = sorted(p for p in Path(folder).iterdir()
                   if not p.name.startswith(".") and (p.is_dir() or p.suffix == ".py"))
     if not subs:
@@ -122,13 +129,34 @@ def run_batch(folder: Path, lab_dir: Path, out: Path, *, jobs: int = 2,
             stream.flush()
     if tty:
         stream.write("\n")
-    rows.sort(key=lambda r: r["submission"])
+    kept = earlier_rows(out / "summary.csv", {r["submission"] for r in rows})
+    if kept:
+        stream.write(f"summary.csv: kept {len(kept)} earlier row(s) of {out} for submissions not "
+                     "graded this time; rows of submissions graded again are replaced\n")
+    write_summary(out / "summary.csv", rows + kept)
+    return rows
+
+
+def earlier_rows(summary: Path, regraded: set[str]) -> list[dict]:
+    """The rows of an earlier summary.csv in the same --out whose submissions were not graded
+    again: a batch into an existing folder merges (its folders stay, so do their rows)."""
+    if not summary.is_file():
+        return []
+    with open(summary, newline="") as f:
+        return [r for r in csv.DictReader(f) if r.get("submission") not in regraded]
+
+
+def write_summary(path: Path, rows: list[dict]) -> None:
+    """summary.csv: one row per submission, sorted; every check's column (a row without one
+    leaves it empty). Written to a temporary file and renamed: never half a file."""
+    rows = sorted(rows, key=lambda r: r["submission"])
     columns = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out / "summary.csv", "w", newline="") as f:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    return rows
+    os.replace(tmp, path)
 
 
 __all__ = ["find_submissions", "grade_command", "run_batch"]

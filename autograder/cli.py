@@ -1,15 +1,15 @@
 """The `autograder` command: grade, batch, gradescope, release, labs.
 
-    autograder grade labs/01_collectives/                 # a student, in their lab folder
+    autograder grade .                                    # a student, in their lab's folder
     autograder grade my_collectives.py --lab 01_collectives
     autograder batch submissions/ --lab 01_collectives --jobs 2 --out graded/
     autograder batch submissions/ --lab 01_collectives --slurm --out graded/   # a job array
     autograder batch submissions/ --lab 02_ddp --device cuda --gpus-per-grade 4 --jobs 2
     autograder gradescope --lab 01_collectives --out autograder.zip
+    autograder release --course --out ../course-student   # the student repository to publish
     autograder release --lab 01_collectives --out student/01_collectives
 
-Exit status: 0 when a grade was produced (whatever the score), 2 for bad arguments, 1 when the
-grader itself failed (a results.json is still written where one was asked for).
+Exit statuses: `EXIT_STATUS`, which every command's --help prints.
 """
 
 from __future__ import annotations
@@ -26,15 +26,27 @@ from pathlib import Path
 from .lab import find_lab, load_lab
 
 LABS_ROOT = Path(__file__).resolve().parent.parent / "labs"
+EXIT_STATUS = """exit status:
+  0    done; for grade: a report was produced, whatever the score (a missing file or a
+       syntax error is a grade of 0, said once in the report)
+  1    the grader itself failed (a traceback; with --json, results.json says so)
+  2    bad arguments: a path that does not exist, an unknown lab, an --out that exists
+  130  interrupted (Ctrl-C)
+  143  stopped by SIGTERM (129: SIGHUP); the grade's ranks and folder were cleaned up first"""
 
 
 def _resolve(path: Path, lab: str | None) -> tuple[Path, Path]:
     """(lab folder, submission) from `grade`'s arguments. A slug is looked up in the labs root
-    only (never in the current folder); a lab given as a path is taken as given."""
+    only (never in the current folder); a lab given as a path is taken as given. A copy of a
+    lab (a lab folder elsewhere, e.g. in `make lab`'s workspace, or a file in one) is graded
+    by this installation's own lab of that name where it has one: its checks, hidden ones
+    included, not the copy's."""
     if lab:
         return find_lab(lab, LABS_ROOT), path
-    if (path / "checks.py").is_file():
-        return path.resolve(), path
+    folder = path if path.is_dir() else path.parent
+    if (folder / "checks.py").is_file():
+        own = LABS_ROOT / folder.resolve().name
+        return (own if (own / "checks.py").is_file() else folder.resolve()), path
     if path.is_file():
         owners = []
         for checks in sorted(LABS_ROOT.glob("*/checks.py")):
@@ -61,7 +73,10 @@ def _grade(args) -> int:
         lab = load_lab(lab_dir, hidden=not args.no_hidden)
         device, gpus = _device(args, lab)
         limits = Limits(wall_s=args.timeout) if args.timeout else Limits()
-        result = grade(lab, submission, limits=limits, device=device, gpus=gpus)
+        progress = (lambda line: print(line, file=sys.stderr, flush=True)) if args.progress \
+            else None
+        result = grade(lab, submission, limits=limits, device=device, gpus=gpus,
+                       progress=progress, unconfined=args.unconfined)
     except Stopped as stop:
         if args.json:  # never leave Gradescope without a results.json
             _internal_error(args.json, f"The grade was stopped ({stop.name}) before it "
@@ -142,11 +157,7 @@ def _slurm_devices(args, lab) -> dict:
             raise ValueError(f"{lab.info.slug} runs on {', '.join(lab.info.devices)} only: "
                              "grade it with --device cpu")
         return {"device": "cpu"}
-    ranks = max_ranks(lab)
-    per_grade = args.gpus_per_grade or ranks
-    if per_grade < ranks:
-        raise ValueError(f"--gpus-per-grade {per_grade}: {lab.info.slug}'s launches use up to "
-                         f"{ranks} ranks, one GPU each; ask for at least {ranks}")
+    per_grade = args.gpus_per_grade or max_ranks(lab)  # fewer: the ranks share them
     return {"device": args.device, "gpus_per_grade": per_grade}
 
 
@@ -157,11 +168,10 @@ def _batch_devices(args, lab) -> tuple[str, list[list[int]]]:
 
     gpus, ranks = args.gpus or [], max_ranks(lab)
     per_grade = args.gpus_per_grade or ranks
+    if not args.gpus_per_grade and args.device == "cuda" and 0 < len(gpus) < ranks:
+        per_grade = len(gpus)  # every GPU there is, shared by each grade's ranks
     if args.gpus_per_grade and args.device == "cpu":
         raise ValueError("--gpus-per-grade gives each grade GPUs: add --device cuda (or auto)")
-    if per_grade < ranks and args.device == "cuda":
-        raise ValueError(f"--gpus-per-grade {per_grade}: {lab.info.slug}'s launches use up to "
-                         f"{ranks} ranks, one GPU each; ask for at least {ranks}")
     device = resolve_device(args.device, gpus=min(len(gpus), per_grade), ranks=ranks)
     if device == "cuda" and "cuda" not in lab.info.devices:
         if args.device == "cuda":
@@ -182,8 +192,22 @@ def _gradescope(args) -> int:
 
 
 def _release(args) -> int:
+    from .edition import release_course, release_workspace
     from .release import release_lab
 
+    if args.course:
+        done = release_course(args.out, force=args.force)
+        print(f"wrote the student edition of the course to {args.out}: {done.files} files, "
+              f"{done.regions} solution regions replaced by stubs; hidden checks, tests and "
+              "instructors' sections left out (autograder/edition.py lists what and why)")
+        for note in done.notes:
+            print(f"note: {note}")
+        return 0
+    if args.workspace:
+        added, kept = release_workspace(args.out)
+        print(f"workspace {args.out}: " + (f"kept your {kept} files, " if kept else "")
+              + f"added {added} new from the student edition")
+        return 0
     lab_dir = find_lab(args.lab, LABS_ROOT)
     stubbed = release_lab(lab_dir, args.out, force=args.force)
     regions = ", ".join(f"{f} ({n})" for f, n in stubbed.items()) or "none"
@@ -226,10 +250,18 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=float, help="total budget of the whole grade, wall-clock "
                    "seconds (default 180)")
     g.add_argument("--no-color", action="store_true", help="plain text report")
+    g.add_argument("--progress", action="store_true", help="a line on stderr as each launch "
+                   "ends (check, ranks, outcome, seconds)")
     g.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
-                   help="where the ranks run: cpu (default), cuda (one GPU per rank of the "
-                   "largest launch, from CUDA_VISIBLE_DEVICES), auto (cuda when there are "
-                   "enough GPUs)")
+                   help="where the ranks run: cpu (default), cuda (the GPUs of "
+                   "CUDA_VISIBLE_DEVICES: one per rank of the largest launch, or shared by the "
+                   "ranks when fewer), auto (cuda when there is a GPU per rank)")
+    g.add_argument("--unconfined", action="store_true",
+                   help="run the ranks WITHOUT the sandbox (no private worlds, uids or "
+                   "namespaces): only for grading your own work on a machine that forbids user "
+                   "namespaces (the grade then refuses to run and says so). The report and "
+                   "results.json say the grade is not sandboxed; batch and Gradescope never use "
+                   "it")
     g.set_defaults(run=_grade)
 
     b = sub.add_parser("batch", help="grade every submission in a folder (CSV summary)",
@@ -242,7 +274,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                    help="where each grade's ranks run (as for grade)")
     b.add_argument("--gpus-per-grade", type=int, metavar="G",
-                   help="GPUs per grade with --device cuda (default: the lab's largest launch); "
+                   help="GPUs per grade with --device cuda (default: the lab's largest launch, "
+                   "or all there are when fewer; fewer than the ranks are shared, 1 allowed); "
                    "grades at once get disjoint sets, never more grades than sets")
     b.add_argument("--out", type=Path, default=Path("graded"), help="output folder "
                    "(default ./graded)")
@@ -261,17 +294,29 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", type=Path, default=Path("autograder.zip"), help="zip to write")
     s.set_defaults(run=_gradescope)
 
-    r = sub.add_parser("release", help="write the student edition of a lab",
-                       description="Copy a lab without hidden/ and with every solution region "
-                       "replaced by a stub and its hints.")
-    r.add_argument("--lab", required=True, help="lab slug or folder")
-    r.add_argument("--out", type=Path, required=True, help="folder to write (must not exist)")
+    r = sub.add_parser("release", help="write the student edition of a lab or of the course",
+                       description="Write a student edition: every solution region replaced "
+                       "by its stub and hints, no hidden checks, no instructors' sections. "
+                       "--course writes the whole student repository to publish; --workspace "
+                       "the lessons and labs that `make lab` opens (adding what is missing, "
+                       "never overwriting).")
+    which = r.add_mutually_exclusive_group(required=True)
+    which.add_argument("--lab", help="one lab: slug or folder")
+    which.add_argument("--course", action="store_true", help="the whole course: the student "
+                       "repository an instructor publishes (Binder, nbgitpuller, the website)")
+    which.add_argument("--workspace", action="store_true", help="lessons and labs into --out, "
+                       "adding only files it does not have yet (what `make lab` runs)")
+    r.add_argument("--out", type=Path, required=True, help="folder to write (must not exist, "
+                   "except with --workspace)")
     r.add_argument("--force", action="store_true", help="replace --out if it exists")
     r.set_defaults(run=_release)
 
     lb = sub.add_parser("labs", help="list the labs and their checks")
     lb.add_argument("--root", help="folder holding the labs (default: this project's labs/)")
     lb.set_defaults(run=_labs)
+    for command in (p, *sub.choices.values()):  # every --help ends with the exit statuses
+        command.epilog = EXIT_STATUS
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
     return p
 
 
@@ -285,12 +330,14 @@ def _visible() -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from toolkit.launch.gpus import hidden_cuda_env
+
     args = parser().parse_args(argv)
     # The GPUs this process may hand out, counted before hiding them: judges that run toolkit
     # code on ranks in this process (lab 04's pipeline) must pick gloo; a cuda grade's ranks
     # get their set explicitly (autograder.devices).
     args.gpus = _visible() if getattr(args, "device", "cpu") != "cpu" else []
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ.update(hidden_cuda_env())  # and none of them starts the CUDA driver here
     with _stopped_cleanly():
         try:
             return args.run(args)

@@ -1,18 +1,22 @@
 """Where a grade's ranks run: ``--device cpu|cuda|auto`` and ``--gpus-per-grade`` (issue 18).
 
-A CUDA grade gives each rank one GPU of the grade's set (rank r uses ``cuda:r`` of the set, made
-visible with ``CUDA_VISIBLE_DEVICES``), so a lab whose launches reach p ranks needs p GPUs per
-grade. Concurrent grades (``batch --jobs N``) get disjoint sets: the visible GPUs are cut into
-sets of G, and never more grades run at once than there are sets. Bytes still travel through
-the courier (staged through host memory: `sandbox.channel.tensor_bytes` copies to the CPU
-before encoding), so every cross-check of docs/grading.md holds on GPU as on CPU; values are
-judged on CPU copies with the same tolerances.
+A CUDA grade gives its ranks the GPUs of the grade's set (made visible with
+``CUDA_VISIBLE_DEVICES``): rank r uses ``cuda:(r mod G)`` of a set of G. With one GPU per rank
+of the largest launch (G = p) each rank has a GPU of its own; with fewer, the ranks share them
+(``--gpus-per-grade 1``: every rank on the one GPU), which is how a one-GPU machine grades on
+its GPU, and the report says so (`shared_note`). Concurrent grades (``batch --jobs N``) get
+disjoint sets: the visible GPUs are cut into sets of G, and never more grades run at once than
+there are sets. Bytes still travel through the courier (staged through host memory:
+`sandbox.channel.tensor_bytes` copies to the CPU before encoding), so every cross-check of
+docs/grading.md holds on GPU as on CPU, shared or not; values are judged on CPU copies with
+the same tolerances.
 
     gpus = visible_gpus()                        # [0, 1, 2, 3, 4, 5, 6, 7]
     device = resolve_device("auto", gpus=len(gpus), ranks=4)     # "cuda"
     gpu_sets(gpus, per_grade=4, jobs=3)          # [[0, 1, 2, 3], [4, 5, 6, 7]]: 2 at a time
 
-Nothing here starts a process or touches a GPU (``torch.cuda.device_count`` only counts).
+Nothing here starts a process or touches a GPU: GPUs are counted by
+`toolkit.launch.gpus` (NVML, never the CUDA driver), so the grader may fork afterwards.
 """
 
 from __future__ import annotations
@@ -20,18 +24,18 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-import torch
+from toolkit.launch.gpus import gpu_count, hidden_cuda_env
 
 DEVICES = ("cpu", "cuda", "auto")
 
 
 def visible_gpus(env: Mapping[str, str] | None = None, count: int | None = None) -> list[int]:
     """The GPU ids this process may hand out: ``CUDA_VISIBLE_DEVICES`` when it is set (its
-    entries, in order; "" means none), else ``0 .. count - 1`` where `count` defaults to
-    ``torch.cuda.device_count()`` (0 on a CPU build)."""
+    entries, in order; "" means none), else ``0 .. count - 1`` where `count` defaults to the
+    GPUs CUDA would show (`toolkit.launch.gpus.gpu_count`: 0 on a CPU build)."""
     env = os.environ if env is None else env
     if count is None:
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        count = gpu_count(env)
     listed = env.get("CUDA_VISIBLE_DEVICES")
     if listed is None:
         return list(range(count))
@@ -45,23 +49,19 @@ def visible_gpus(env: Mapping[str, str] | None = None, count: int | None = None)
 def resolve_device(asked: str, *, gpus: int, ranks: int) -> str:
     """``"cpu"`` or ``"cuda"`` for a grade whose largest launch has `ranks` ranks, when `gpus`
     GPUs can be given to one grade. ``auto`` is cuda when there is one GPU per rank, else cpu;
-    ``cuda`` without enough GPUs is an error that says what there is and what to do."""
+    ``cuda`` is cuda with any GPU (the ranks share fewer GPUs than ranks) and an error that
+    says what to do without one."""
     if asked not in DEVICES:
         raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {asked!r}")
     if asked == "cpu":
         return "cpu"
-    if gpus >= ranks:
+    if gpus >= ranks or (asked == "cuda" and gpus >= 1):
         return "cuda"
     if asked == "auto":
         return "cpu"
-    if gpus == 0:
-        raise ValueError("--device cuda: no CUDA GPU is visible here (torch.cuda.device_count() "
-                         "is 0, or CUDA_VISIBLE_DEVICES is empty). Grade on CPU with --device "
-                         "cpu (the default), or run on a GPU node.")
-    raise ValueError(f"--device cuda: this lab's launches use up to {ranks} ranks, one GPU "
-                     f"each, and a grade gets {gpus} GPU(s). Give each grade {ranks} "
-                     f"(--gpus-per-grade {ranks} on a node with at least {ranks} GPUs), or "
-                     "grade on CPU with --device cpu.")
+    raise ValueError("--device cuda: no CUDA GPU is visible here (NVML counts none, torch is a "
+                     "CPU build, or CUDA_VISIBLE_DEVICES is empty). Grade on CPU with --device "
+                     "cpu (the default), or run on a GPU node.")
 
 
 def gpu_sets(gpus: list[int], *, per_grade: int, jobs: int) -> list[list[int]]:
@@ -81,9 +81,10 @@ def gpu_sets(gpus: list[int], *, per_grade: int, jobs: int) -> list[list[int]]:
 
 def grade_env(device: str, gpus: list[int] | None = None) -> dict[str, str]:
     """The environment a grader process (and its sandbox) gets for `device`: the GPUs of its
-    set visible on cuda, none on cpu."""
+    set visible on cuda; on cpu none, and torch's availability check answered without the
+    CUDA driver (`toolkit.launch.gpus.hidden_cuda_env`)."""
     if device == "cpu":
-        return {"CUDA_VISIBLE_DEVICES": ""}
+        return hidden_cuda_env()
     if device != "cuda":
         raise ValueError(f"device must be 'cpu' or 'cuda' once resolved, got {device!r}")
     if not gpus:
@@ -91,9 +92,22 @@ def grade_env(device: str, gpus: list[int] | None = None) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)}
 
 
-def rank_device(device: str, rank: int) -> str:
-    """The device rank `rank` puts its tensors on: one GPU per rank of the grade's set."""
-    return "cpu" if device == "cpu" else f"cuda:{rank}"
+def rank_device(device: str, rank: int, gpus: int | None = None) -> str:
+    """The device rank `rank` puts its tensors on: GPU ``rank mod gpus`` of the grade's set of
+    `gpus` (None: one GPU per rank)."""
+    if device == "cpu":
+        return "cpu"
+    return f"cuda:{rank % gpus if gpus else rank}"
 
 
-__all__ = ["DEVICES", "gpu_sets", "grade_env", "rank_device", "resolve_device", "visible_gpus"]
+def shared_note(*, ranks: int, gpus: int) -> str | None:
+    """What a report says when a cuda grade's ranks share its GPUs (None when they do not)."""
+    if gpus >= ranks:
+        return None
+    return (f"The ranks shared {gpus} GPU{'s' if gpus > 1 else ''} (up to {ranks} ranks, rank r "
+            f"on cuda:(r mod {gpus})): values and messages are judged as with a GPU per rank; "
+            "times and memory are not those of one GPU per rank.")
+
+
+__all__ = ["DEVICES", "gpu_sets", "grade_env", "rank_device", "resolve_device", "shared_note",
+           "visible_gpus"]

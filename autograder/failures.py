@@ -19,6 +19,7 @@ KINDS = {
     "wrong_result": "ran, but the result or the traffic is not what the check expects",
     "builtin_collective": "used a torch built-in collective this lab does not allow",
     "missing_file": "the submission lacks a file the lab asks for",
+    "ambiguous_file": "several files could be the one the lab asks for",
     "syntax_error": "the file does not parse",
     "import_error": "the module could not be imported",
     "forbidden_import": "imported a module the lab forbids",
@@ -39,6 +40,8 @@ KINDS = {
     "sandbox_violation": "touched a file, device, socket or process outside its own reach",
     "tampering": "wrote frames the grader's channel does not accept (forged or corrupted)",
     "forged_results": "wrote a results.json of its own",
+    "sandbox_unavailable": "the grading machine could not build the sandbox, so nothing ran "
+                           "(not the submission's fault: the message says what to change)",
     "skipped": "not run",
 }
 
@@ -143,9 +146,21 @@ def classify_end(end: RankEnd, module: str, log: str = "",
         return "disk_limit", f"Rank {rank}{at}: {text}: its folder is full."
     if exc == "BlockingIOError" or "Resource temporarily unavailable" in message:
         return "process_limit", f"Rank {rank} could not start another process{at} ({text})."
-    if exc == "PermissionError" and re.search(r"results\.json'?$", message):
+    if exc in ("PermissionError", "OSError") and re.search(r"results\.json'?$", message):
         return "forged_results", (f"Rank {rank}{at} tried to write a results.json ({text}): "
                                   "the grader writes results.json itself.")
+    if "[Errno 30]" in message:  # EROFS: everything outside $HOME is a read-only mount
+        return "sandbox_violation", (f"Rank {rank}{at}: {text}: a rank may write only in its "
+                                     "own folder ($TMPDIR); everything else it sees is "
+                                     "read-only.")
+    if exc == "FileNotFoundError" and re.search(r"'/[^']*'$", message):
+        return "sandbox_violation", (f"Rank {rank}{at}: {text}: a rank's world holds only the "
+                                     "interpreter and its packages, the lab's code folder and "
+                                     "its own folder ($TMPDIR); no other file of the machine "
+                                     "exists there.")
+    if exc == "ProcessLookupError":
+        return "sandbox_violation", (f"Rank {rank}{at}: {text}: a rank sees only its own "
+                                     "processes (it is pid 1 of a namespace of its own).")
     if exc == "PermissionError" and "[Errno 1]" in message:  # EPERM: not a file's access
         return "sandbox_violation", (f"Rank {rank}{at}: {text}: the sandbox refused it "
                                      "(signals to processes outside the sandbox, sockets and "

@@ -13,7 +13,9 @@ from the secret, so no rank can rebuild another's inputs, and so is each case's 
 what it sends; judge each launch's cases in this process as soon as the launch ends
 (`autograder.judging.judge_launch`: the grader then drops the launch's outputs and record, so
 what it holds is one launch's worth, within the courier's caps); then score every check. A
-results.json left in a rank's folder zeroes the grade.
+results.json left in a rank's folder zeroes the grade (``--unconfined`` only: in the sandbox a
+rank's folder is in its own world, gone when it ends). A host that cannot build the sandbox gets
+no grade: every check is ``sandbox_unavailable`` with the reason.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
+from .devices import shared_note
 from .judging import CheckResult, PlannedCase, judge_launch, judge_run
 from .lab import Lab
 from .protocol import CaseKey, GroupKey
@@ -36,6 +40,8 @@ from .sandbox.limits import Limits
 from .sandbox.plan import CasePlan, Job, LaunchPlan
 from .sandbox.scratch import unmount_below
 from .sandbox.session import run_session
+from .submission import Problem, locate, parse_problem
+from .sandbox.summary import UNCONFINED
 
 HARNESS = "_lab_harness.py"
 
@@ -48,6 +54,10 @@ class GradeResult:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     sandbox: str = ""
+    files: dict[str, str] = field(default_factory=dict)
+    """{lab file name: the path graded for it} (the report names what it graded)."""
+    problem: Problem | None = None
+    """What stopped every check before any ran (a missing file, a syntax error): said once."""
 
     @property
     def score(self) -> float:
@@ -56,34 +66,6 @@ class GradeResult:
     @property
     def max_score(self) -> float:
         return self.lab.max_score
-
-
-def _files(lab: Lab, submission: Path) -> tuple[dict[str, bytes], list[str]]:
-    wanted, found = list(lab.info.student_files), {}
-    if submission.is_file():
-        if submission.name in wanted or len(wanted) == 1:
-            name = submission.name if submission.name in wanted else wanted[0]
-            found[name] = submission.read_bytes()
-    elif submission.is_dir():
-        for name in wanted:
-            hits = [submission / name] + sorted(submission.rglob(name))
-            hit = next((h for h in hits if h.is_file()), None)
-            if hit is not None:
-                found[name] = hit.read_bytes()
-    return found, [n for n in wanted if n not in found]
-
-
-def _syntax(files: dict[str, bytes]) -> str | None:
-    for name, source in files.items():
-        try:
-            tree = ast.parse(source, filename=name)
-            compile(tree, name, "exec")
-        except SyntaxError as err:
-            return f"{name} line {err.lineno}: {err.msg}" + (
-                f"\n    {err.text.rstrip()}" if err.text else "")
-        except ValueError as err:  # null bytes
-            return f"{name}: {err}"
-    return None
 
 
 def _defined_names(source: bytes) -> set[str]:
@@ -146,39 +128,57 @@ def prepare_workdir(files: dict[str, bytes], base: Path | None = None) -> tuple[
 
 def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock: bool = True,
           workbase: Path | None = None, secret: int | None = None, device: str = "cpu",
-          gpus: list[int] | None = None) -> GradeResult:
+          gpus: list[int] | None = None,
+          progress: Callable[[str], None] | None = None,
+          unconfined: bool = False) -> GradeResult:
     """Grade `submission` (a folder or a single file) against every check of `lab`. `secret`
     fixes the grade's inputs (tests); by default it is drawn fresh for every grade. `device`
-    "cuda" runs rank r on GPU r of `gpus` (one per rank of the largest launch;
-    `autograder.devices`); values are judged on CPU copies either way."""
+    "cuda" runs rank r on GPU r mod G of `gpus` (G of them: one per rank of the largest
+    launch, or fewer, shared; `autograder.devices`); values are judged on CPU copies either
+    way. `progress` hears one line per launch as it ends (check, ranks, outcome, seconds since
+    the grade began). `unconfined` runs the ranks without the sandbox's worlds (``grade
+    --unconfined``: a student's own laptop that forbids user namespaces); the notes and
+    results.json then say so first."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"grade: device must be 'cpu' or 'cuda' (resolve 'auto' with "
                          f"autograder.devices.resolve_device), got {device!r}")
     if device not in lab.info.devices:
         raise ValueError(f"{lab.info.slug} runs on {', '.join(lab.info.devices)} only, not "
                          f"{device}: grade it with --device cpu")
-    if device == "cuda" and len(gpus or []) < max_ranks(lab):
-        raise ValueError(f"grade: a cuda grade of {lab.info.slug} needs {max_ranks(lab)} GPUs "
-                         f"(one per rank), got {gpus!r}")
+    if device == "cuda" and not gpus:
+        raise ValueError(f"grade: a cuda grade of {lab.info.slug} needs its GPUs (1 to "
+                         f"{max_ranks(lab)}; fewer than its ranks are shared), got {gpus!r}")
     start = time.monotonic()
     submission = Path(submission)
     result = GradeResult(lab, str(submission))
-    files, missing = _files(lab, submission)
+    paths, problem = locate(lab.info.student_files, (lab.info.slug, lab.path.name), submission)
+    result.files = {name: str(path) for name, path in paths.items()}
+    files = {name: path.read_bytes() for name, path in paths.items()}
 
-    def zero_all(kind: str, message: str) -> GradeResult:
-        result.checks = [CheckResult(c, 0.0, 0, len(c.cases), kind, message) for c in lab.checks]
+    def zero_all(problem: Problem) -> GradeResult:
+        # Said once (GradeResult.problem); each check only says that it did not run, and why.
+        result.problem = problem
+        result.checks = [CheckResult(c, 0.0, 0, len(c.cases), problem.kind,
+                                     "Not run: see the problem above the checks.")
+                         for c in lab.checks]
         result.seconds = time.monotonic() - start
         return result
 
-    if not lab.hidden_loaded:
+    shared = shared_note(ranks=max_ranks(lab), gpus=len(gpus or [])) if device == "cuda" \
+        else None
+    if shared:
+        result.notes.append(shared)
+    if lab.hidden_listed:
+        listed = "; ".join(f"{name} ({points:g})" for name, points in lab.hidden_listed)
+        result.notes.append(f"This lab folder has the visible checks only: the score counts "
+                            f"them. Hidden checks, which your instructor's grader runs on what "
+                            f"you hand in: {listed}.")
+    elif not lab.hidden_loaded:
         result.notes.append("Hidden checks were not run (this lab folder has none, e.g. a "
                             "student edition): the score counts the visible checks only.")
-    if missing:
-        return zero_all("missing_file", f"The submission has no {', '.join(missing)} "
-                                        f"(looked in {submission}).")
-    error = _syntax(files)
-    if error:
-        return zero_all("syntax_error", f"Syntax error in {error}")
+    problem = problem or parse_problem(files)
+    if problem:
+        return zero_all(problem)
     defined = _defined_names(files[lab.info.student_files[0]])
     absent = [n for n in lab.info.names if n not in defined]
     if absent:
@@ -192,14 +192,29 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
               toolkit=list(lab.info.sandbox_modules), landlock=landlock,
               sources={n: b.decode("utf-8", "replace") for n, b in files.items()},
               device=device, gpus=",".join(str(g) for g in gpus or []) if device == "cuda"
-              else "")
+              else "", unconfined=unconfined)
+
+    def on_record(record) -> None:
+        judge_launch(lab, record, cases)
+        if progress is not None:
+            how = "ok" if record.failure is None else record.failure.kind
+            progress(f"{lab.checks[record.key.check].name} [{record.key.world_size} ranks]: "
+                     f"{how} at {time.monotonic() - start:.1f} s")
+
     try:
-        run = run_session(job, launches, limits or Limits(), workdir,
-                          on_record=lambda record: judge_launch(lab, record, cases))
+        run = run_session(job, launches, limits or Limits(), workdir, on_record=on_record)
     finally:
         unmount_below(workdir)  # a launch's tmpfs, should a failure have skipped its cleanup
         remove(workdir)
     result.sandbox = run.sandbox
+    if unconfined:
+        result.notes.insert(0, f"{UNCONFINED}.")
+        run.missing = [m for m in run.missing if m != UNCONFINED]
+    refused = next((r.failure.message for r in run.records.values()
+                    if r.failure is not None and r.failure.kind == "sandbox_unavailable"), "")
+    if refused:
+        result.notes.insert(0, f"This machine could not build the grader's sandbox, so no "
+                               f"submission code ran and the score is zero: {refused}")
     if run.missing:
         result.notes.append(f"This grade ran without: {'; '.join(run.missing)}. The checks "
                             "ran, but the sandbox was weaker than designed (docs/grading.md).")

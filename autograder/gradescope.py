@@ -5,9 +5,11 @@ image; the zip is unpacked in ``/autograder/source``) and ``run_autograder`` (ru
 submission, with the student's files in ``/autograder/submission``; it must write
 ``/autograder/results/results.json``). The bundle carries this project's source (toolkit,
 autograder, the lab with its hidden checks), so grading runs the same code as `autograder grade`
-here. torch is installed as ``$TORCH_SPEC`` (default the CPU build's version pin); add
-``PIP_EXTRA_INDEX_URL`` pointing at PyTorch's CPU wheel index in setup.sh to keep the image
-small. `run_autograder` writes a zero-score results.json itself if the grader cannot start.
+here. torch is installed by the course's own ``scripts/install_torch.py``, as `make setup`
+does: the CPU build from PyTorch's CPU index (falling back to PyPI, saying so, when that cannot
+be reached); ``TORCH_SPEC`` / ``TORCH_INDEX`` at the top of setup.sh name another, each passed
+as an argument of its own. `run_autograder` writes a zero-score results.json itself if the
+grader cannot start.
 """
 
 from __future__ import annotations
@@ -21,14 +23,20 @@ SETUP = """#!/usr/bin/env bash
 # Gradescope runs this once to build the autograder image (as root, in /autograder/source).
 set -euo pipefail
 cd /autograder/source
-TORCH_SPEC="${{TORCH_SPEC:-torch==2.13.0}}"
+# Another torch than the course's pin (the CPU build): set either, e.g.
+# TORCH_SPEC="torch==2.13.0" TORCH_INDEX="https://download.pytorch.org/whl/cu126".
+TORCH_SPEC="${{TORCH_SPEC:-}}"
+TORCH_INDEX="${{TORCH_INDEX:-}}"
 if ! command -v python3 >/dev/null || ! python3 -m venv --help >/dev/null 2>&1; then
   apt-get update && DEBIAN_FRONTEND=noninteractive \\
     apt-get install -y python3 python3-venv python3-pip
 fi
 python3 -m venv /autograder/venv
 /autograder/venv/bin/python -m pip install --quiet --upgrade pip
-/autograder/venv/bin/python -m pip install --quiet "$TORCH_SPEC"
+torch_args=()
+if [ -n "$TORCH_SPEC" ]; then torch_args+=(--spec "$TORCH_SPEC"); fi
+if [ -n "$TORCH_INDEX" ]; then torch_args+=(--index "$TORCH_INDEX"); fi
+/autograder/venv/bin/python scripts/install_torch.py ${{torch_args[@]+"${{torch_args[@]}}"}}
 /autograder/venv/bin/python -m pip install --quiet -e .
 /autograder/venv/bin/python -m autograder labs --root labs
 """
@@ -73,7 +81,7 @@ def build_bundle(lab_dir: Path, out: Path) -> Path:
             info = zipfile.ZipInfo(name)
             info.external_attr = 0o755 << 16  # executable, as Gradescope runs them directly
             zf.writestr(info, text)
-        for name in ("pyproject.toml", "README.md"):
+        for name in ("pyproject.toml", "README.md", "scripts/install_torch.py"):
             zf.write(ROOT / name, name)
         _add_tree(zf, ROOT / "toolkit", "toolkit")
         _add_tree(zf, ROOT / "autograder", "autograder")

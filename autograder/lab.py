@@ -11,7 +11,8 @@ A lab folder (``labs/NN_slug/``) holds:
   `autograder.sandbox.probe.Call`: rank, world size, the case's public parameters and this
   rank's inputs alone); copied into the sandbox for the calls;
 * ``checks.py``: ``LAB`` (a `LabInfo`) and ``CHECKS`` (the visible `Check` list);
-* ``hidden/checks.py`` (instructors only; `release` leaves it out): more ``CHECKS``;
+* ``hidden/checks.py`` (instructors only; `release` leaves it out, listing only the names and
+  points of its checks in ``hidden_checks.json``): more ``CHECKS``;
 * a playground notebook.
 
 A `Check` is decided in the grader process by its ``judge``, a function of a `CaseResult`
@@ -22,8 +23,9 @@ a rank says.
 
 from __future__ import annotations
 
+import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -136,6 +138,9 @@ class Lab:
     checks: list[Check]
     harness: ModuleType
     hidden_loaded: bool = False
+    hidden_listed: list[tuple[str, float]] = field(default_factory=list)
+    """A student edition's list of the hidden checks it lacks (name, points), from the
+    release's ``hidden_checks.json``: the report says what the instructor's grade adds."""
 
     @property
     def module(self) -> str:
@@ -146,14 +151,19 @@ class Lab:
         return sum(c.points for c in self.checks)
 
 
+HIDDEN_LIST = "hidden_checks.json"
+"""In a released lab: the names and points of the hidden checks left out (never their code)."""
+
+
 def _is_path(name: str) -> bool:
     return name.startswith((".", "~")) or "/" in name or "\\" in name
 
 
 def find_lab(name_or_path: str | Path, labs_root: Path | None = None) -> Path:
-    """A lab folder: a slug such as ``01_collectives`` (or ``collectives``) is looked up in the
-    labs root only, never in the current folder (a student copy named like the lab there has
-    no hidden checks); a path (``./x``, ``a/b``, absolute, or a `Path`) is taken as given."""
+    """A lab folder: a slug such as ``01_collectives`` (or ``collectives``, or ``01``) is looked
+    up in the labs root only, never in the current folder (a student copy named like the lab
+    there has no hidden checks); a path (``./x``, ``a/b``, absolute, or a `Path`) is taken as
+    given."""
     root = labs_root or Path(__file__).resolve().parent.parent / "labs"
     if isinstance(name_or_path, Path) or _is_path(str(name_or_path)):
         path = Path(name_or_path).expanduser()
@@ -161,8 +171,9 @@ def find_lab(name_or_path: str | Path, labs_root: Path | None = None) -> Path:
             return path.resolve()
         raise ValueError(f"{path} is not a lab folder (no checks.py in it)")
     matches = sorted(p for p in root.glob("*/checks.py")
-                     if p.parent.name in (str(name_or_path), f"{name_or_path}")
-                     or p.parent.name.endswith(f"_{name_or_path}"))
+                     if p.parent.name == str(name_or_path)
+                     or p.parent.name.endswith(f"_{name_or_path}")
+                     or p.parent.name.startswith(f"{name_or_path}_"))
     if len(matches) == 1:
         return matches[0].parent
     known = ", ".join(sorted(p.parent.name for p in root.glob("*/checks.py"))) or "none"
@@ -183,7 +194,11 @@ def load_lab(path: Path, *, hidden: bool = True) -> Lab:
     if hidden_loaded:
         hidden_checks = list(load_module(hidden_path, f"{tag}_hidden").CHECKS)
         checks += [Check(**{**c.__dict__, "visible": False}) for c in hidden_checks]
-    return Lab(checks_mod.LAB, path, checks, harness, hidden_loaded)
+    listed = []
+    if not hidden_path.is_file() and (path / HIDDEN_LIST).is_file():
+        listed = [(str(c["name"]), float(c["points"]))
+                  for c in json.loads((path / HIDDEN_LIST).read_text())["checks"]]
+    return Lab(checks_mod.LAB, path, checks, harness, hidden_loaded, listed)
 
 
 __all__ = ["CaseResult", "Check", "Lab", "LabInfo", "Verdict", "find_lab", "load_lab",

@@ -1,15 +1,17 @@
 """The student edition of a lab, generated from the one instructor source.
 
-Solution regions are written once, in the lab's files (Python files and notebooks' code cells):
+Solution regions are written once, in the lab's files (Python files and notebooks' code cells);
+a region's lines, shown after a bar (a marker line here would itself be a region)::
 
-    ### BEGIN SOLUTION
-    ...the reference code...
-    ### END SOLUTION
-    ### HINT: a line the student sees instead
-    ### STUB: code the student gets instead of the raise (optional; e.g. ``answer = None``)
+    | ### BEGIN SOLUTION
+    | ...the reference code...
+    | ### END SOLUTION
+    | ### HINT: a line the student sees instead
+    | ### STUB: code the student gets instead of the raise (optional; e.g. ``answer = None``)
 
-`release_lab` copies the lab folder without ``hidden/`` (and without a README section headed
-``## For instructors``) and replaces every region by a
+`release_lab` copies the lab folder without ``hidden/`` (listing only the names and points of
+its checks in ``hidden_checks.json``, so a student's grade says what it lacks), without any
+Markdown section whose heading starts ``## For instructors``, and replaces every region by a
 ``raise NotImplementedError(...)`` at the region's indentation, with its ``### HINT:`` lines
 turned into ``# Hint:`` comments above it, or by its ``### STUB:`` lines where it has any (a
 lesson's answer cell becomes ``answer = None``, so the notebook still runs top to bottom and
@@ -25,9 +27,12 @@ import re
 import shutil
 from pathlib import Path
 
+from .lab import HIDDEN_LIST
+
 BEGIN, END, HINT, STUB = "### BEGIN SOLUTION", "### END SOLUTION", "### HINT:", "### STUB:"
 INSTRUCTORS = "## For instructors"
-"""A Markdown section with this heading (up to the next ``## `` heading) is left out."""
+"""A Markdown section whose heading starts so (``## For instructors: what it does not stop``),
+up to the next ``## `` heading, is left out of every student edition."""
 EXCLUDED = {"hidden", "__pycache__", ".ipynb_checkpoints"}
 
 
@@ -81,14 +86,37 @@ def _after(rest: list[str]) -> tuple[list[str], list[str]]:
     return hints, stubs
 
 
-def _drop_instructor_section(text: str) -> str:
-    out, skipping = [], False
+def drop_instructor_sections(text: str) -> str:
+    """Markdown without its ``## For instructors...`` sections (fenced code is not a heading)."""
+    out, skipping, fenced = [], False, False
     for line in text.splitlines(keepends=True):
-        if line.startswith("## "):
-            skipping = line.strip() == INSTRUCTORS
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if line.startswith("## ") and not fenced:
+            skipping = line.startswith(INSTRUCTORS)
         if not skipping:
             out.append(line)
     return "".join(out).rstrip() + "\n"
+
+
+def release_file(src: Path, dst: Path, where: str) -> int:
+    """Write the student edition of one file; returns the solution regions it stubbed.
+    Python: regions stubbed; notebooks: code cells' regions stubbed, outputs cleared; Markdown:
+    instructors' sections left out; anything else copied."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.suffix == ".py":
+        text, n = strip_solutions(src.read_text(), where)
+        dst.write_text(text)
+        return n
+    if src.suffix == ".ipynb":
+        text, n = _notebook(src)
+        dst.write_text(text)
+        return n
+    if src.suffix == ".md":
+        dst.write_text(drop_instructor_sections(src.read_text()))
+    else:
+        shutil.copy2(src, dst)
+    return 0
 
 
 def _notebook(path: Path) -> tuple[str, int]:
@@ -121,23 +149,25 @@ def release_lab(lab_dir: Path, out_dir: Path, *, force: bool = False) -> dict[st
         rel = src.relative_to(lab_dir)
         if any(part in EXCLUDED for part in rel.parts) or src.is_dir():
             continue
-        dst = out_dir / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.suffix == ".py":
-            text, n = strip_solutions(src.read_text(), str(rel))
-            dst.write_text(text)
-        elif src.suffix == ".ipynb":
-            text, n = _notebook(src)
-            dst.write_text(text)
-        elif src.suffix == ".md":
-            dst.write_text(_drop_instructor_section(src.read_text()))
-            n = 0
-        else:
-            shutil.copy2(src, dst)
-            n = 0
+        n = release_file(src, out_dir / rel, str(rel))
         if n:
             stubbed[str(rel)] = n
+    hidden = _hidden_list(lab_dir)
+    if hidden is not None:
+        (out_dir / HIDDEN_LIST).write_text(hidden)
     return stubbed
+
+
+def _hidden_list(lab_dir: Path) -> str | None:
+    """hidden_checks.json: the hidden checks' names and points (never their code or cases)."""
+    if not (lab_dir / "hidden" / "checks.py").is_file():
+        return None
+    from .lab import load_lab  # imports the lab's harness (torch): only when there is a list
+
+    lab = load_lab(lab_dir)
+    checks = [{"name": c.name, "points": c.points} for c in lab.checks if not c.visible]
+    return json.dumps({"about": "The hidden checks of this lab, which the instructor's grader "
+                       "runs: names and points only.", "checks": checks}, indent=1) + "\n"
 
 
 def solution_lines(lab_dir: Path) -> list[str]:
@@ -155,4 +185,5 @@ def solution_lines(lab_dir: Path) -> list[str]:
     return found
 
 
-__all__ = ["MarkerError", "release_lab", "solution_lines", "strip_solutions"]
+__all__ = ["MarkerError", "drop_instructor_sections", "release_file", "release_lab",
+           "solution_lines", "strip_solutions"]

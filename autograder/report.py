@@ -19,6 +19,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from .sandbox.summary import UNCONFINED
 from .failures import KINDS
 from .grade import GradeResult
 from .sanitize import printable
@@ -50,6 +51,7 @@ def to_results_json(result: GradeResult) -> dict:
             test["extra_data"] = {"kind": c.kind}
         tests.append(test)
     summary = [f"{result.lab.info.title}: {result.score:g} / {result.max_score:g} points."]
+    summary += [printable(line) for line in _head(result)]
     summary += [printable(n) for n in result.notes]
     return {"score": result.score, "execution_time": round(result.seconds, 1),
             "output": "\n".join(summary), "visibility": "visible",
@@ -96,12 +98,26 @@ def write_results(result: GradeResult, path: Path) -> dict:
     return data
 
 
+def _head(result: GradeResult) -> list[str]:
+    """What was graded, and the problem that stopped every check (said once, here)."""
+    lines = [f"Graded {name}: {path}" for name, path in result.files.items()]
+    if result.notes and result.notes[0].startswith(UNCONFINED):
+        lines.insert(0, result.notes[0])  # first of all: this grade was not sandboxed
+    if result.problem:
+        lines += [f"Not graded ({result.problem.kind}): {result.problem.message}"]
+    return lines
+
+
 def to_text(result: GradeResult, *, color: bool = False) -> str:
-    """The report a student reads: one line per check, then what went wrong, in words."""
+    """The report a student reads: what was graded, one line per check, then what went wrong,
+    in words. A problem that stopped every check is said once, above them."""
     green, red, dim, end = ("\033[32m", "\033[31m", "\033[2m", "\033[0m") if color else ("",) * 4
     lines = [f"{result.lab.info.title}: {result.score:g} / {result.max_score:g} points "
-             f"({result.seconds:.1f} s)", ""]
-    for c in result.checks:
+             f"({result.seconds:.1f} s)"]
+    lines += [printable(line) for line in _head(result)] + [""]
+    if result.problem:  # nothing ran: one line, not the same words under every check
+        lines.append(f"None of the {len(result.checks)} checks ran.")
+    for c in result.checks if not result.problem else ():
         mark = f"{green}PASS{end}" if c.ok else f"{red}FAIL{end}"
         hidden = "" if c.check.visible else f" {dim}(hidden){end}"
         lines.append(f"  {mark}  {c.score:>5g} / {c.check.points:<4g} {c.check.name}{hidden}"
@@ -110,8 +126,9 @@ def to_text(result: GradeResult, *, color: bool = False) -> str:
             why = KINDS.get(c.kind or "", "")
             lines.append(f"        {c.kind}{': ' + why if why else ''}")
             lines += [f"        {line}" for line in printable(c.message).splitlines()]
-    if result.notes:
-        lines += [""] + [f"Note: {printable(n)}" for n in result.notes]
+    notes = [n for n in result.notes if not n.startswith(UNCONFINED)]  # said at the top
+    if notes:
+        lines += [""] + [f"Note: {printable(n)}" for n in notes]
     return "\n".join(lines)
 
 

@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .batch import find_submissions
+from .batch import earlier_rows, find_submissions, write_summary
 
 MAX_TASKS = 1000
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,8 +110,11 @@ def gather(out: Path, parts: list[list[Path]], *, max_score: float) -> list[dict
                 table = pd.concat([table, pd.DataFrame([lost])], ignore_index=True)
         tables.append(table)
     merged = pd.concat(tables, ignore_index=True).sort_values("submission", kind="stable")
-    merged.to_csv(out / "summary.csv", index=False)  # a part's missing columns: empty cells
-    return merged.to_dict("records")
+    rows = merged.fillna("").to_dict("records")  # a part's missing columns: empty cells
+    # An earlier batch's rows in this --out stay, as `run_batch` keeps them.
+    write_summary(out / "summary.csv", rows + earlier_rows(out / "summary.csv",
+                                                           {r["submission"] for r in rows}))
+    return rows
 
 
 def run_slurm_batch(folder: Path, lab_dir: Path, out: Path, *, tasks: int | None = None,

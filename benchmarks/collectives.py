@@ -39,6 +39,7 @@ from toolkit.cost.models import algorithms, split_label  # noqa: E402
 from toolkit.cost.results import machine_meta, save_results  # noqa: E402
 from toolkit.cost.spread import Spread, agree  # noqa: E402
 from toolkit.experiments.collectives import measure  # noqa: E402
+from toolkit.launch import resolve_placement, visible_gpus  # noqa: E402
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # Coefficients a(p), b(p) used to fit torch's built-in: gloo's all-reduce is a segmented ring
@@ -269,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure this many times in a row (default 1)")
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
                     help="auto: NCCL when there are enough GPUs, else gloo")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"],
+                    help="cuda: the GPUs there are, shared by the ranks when fewer (gloo); "
+                    "default: $TOOLKIT_DEVICE, else auto")
     ap.add_argument("--out", type=Path, help="folder for results.csv, meta.json, report.html")
     args = ap.parse_args(argv)
     try:
@@ -287,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             df = measure(cases, sizes=args.sizes, world_sizes=world_sizes,
                          repeats=args.repeats, max_repeats=max(args.repeats, args.max_repeats),
                               tolerance=args.tolerance, min_time=args.min_time,
-                              backend=args.backend, progress=True)
+                              backend=args.backend, device=args.device, progress=True)
         except ValueError as exc:
             ap.error(str(exc))
         runs.append(df.assign(run_index=i + 1))
@@ -299,7 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntotal {time.perf_counter() - start:.0f} s; {load()}")
     if args.out:
         table = pd.concat(runs, ignore_index=True)
-        meta = machine_meta(str(table.backend.iloc[0]))
+        backend = str(table.backend.iloc[0])
+        placement = resolve_placement(args.backend, args.device, max(world_sizes))
+        on_gpus = placement.kind != "cpu"
+        meta = machine_meta(backend, gpus=[g.name for g in visible_gpus()] if on_gpus else None)
+        meta["placement"] = placement.kind  # cpu, gpu (one per rank) or shared
         meta["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
         meta["runs_agree"] = bool(agreed)
         folder = save_results(table, args.out, meta)

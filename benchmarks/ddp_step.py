@@ -15,7 +15,8 @@ median over steps, with the variants taking turns step by step so that a busy mo
 machine does not fall on one variant only. "vs torch" is the ratio to torch DDP.
 
 Usage: python benchmarks/ddp_step.py [--ranks 2 4] [--steps 40] [--bucket-cap-mb 4]
-                                     [--backend auto|gloo|nccl] [--out ddp_step.csv]
+                                     [--backend auto|gloo|nccl] [--device auto|cpu|cuda]
+                                     [--out ddp_step.csv]
 Times vary ±30 % on a shared 2-core machine: read the ratios, and run it twice. On a GPU node
 (``--backend auto`` picks NCCL with a GPU per rank) model and data live on each rank's GPU and
 every step is timed to the end of its kernels (`torch.cuda.synchronize`). ``--out`` writes the
@@ -94,7 +95,8 @@ def _bench(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     buckets = {name: len(ddp.buckets) if hasattr(ddp, "buckets") else
                len(ddp.sync_params) if hasattr(ddp, "sync_params") else None
                for name, (ddp, _) in runs.items()}
-    return {"times": times, "buckets": buckets, "where": f"{context().backend}, {dev}"}
+    return {"times": times, "buckets": buckets, "where": f"{context().backend}, {dev}"
+            + (" (ranks share the GPUs)" if context().placement == "shared" else "")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -107,6 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bucket-cap-mb", type=float, default=4.0)
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
                         help="auto: NCCL when there is a GPU per rank, else gloo")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"],
+                        help="cuda: the GPUs there are, shared by the ranks when fewer (gloo); "
+                        "default: $TOOLKIT_DEVICE, else auto")
     parser.add_argument("--out", help="also write the table to this CSV file")
     args = parser.parse_args(argv)
 
@@ -117,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     table: dict[int, dict[str, float]] = {}
     buckets: dict[str, int | None] = {}
     for p in args.ranks:
-        results = spawn(_bench, p, args, backend=args.backend, timeout=600, echo=False)
+        results = spawn(_bench, p, args, backend=args.backend, device=args.device, timeout=600,
+                        echo=False)
         print(f"{p} ranks on {results[0]['where']} (rank 0)", flush=True)
         # Slowest rank per step (they finish together after the all-reduces), median of steps.
         table[p] = {name: statistics.median(max(step) for step in

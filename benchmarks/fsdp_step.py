@@ -17,7 +17,8 @@ one variant only. "vs FSDP2" is the ratio to torch FSDP2. The last column, the l
 run, shows that every variant trained the same model the same way (equal up to rounding).
 
 Usage: python benchmarks/fsdp_step.py [--ranks 2 4] [--steps 20] [--width 1024]
-                                      [--backend auto|gloo|nccl] [--out fsdp_step.csv]
+                                      [--backend auto|gloo|nccl] [--device auto|cpu|cuda]
+                                      [--out fsdp_step.csv]
 Times vary ±30 % on a shared 2-core machine: read the ratios, and run it twice. On a GPU node
 (``--backend auto`` picks NCCL with a GPU per rank) model and data live on each rank's GPU and
 every step is timed to the end of its kernels; ``--out`` writes the table as CSV.
@@ -97,7 +98,8 @@ def _bench(rank: int, world_size: int, args: argparse.Namespace) -> dict:
         for name in order:
             t, losses[name] = _steps(*runs[name], x, y, 1)
             times[name] += t
-    return {"times": times, "losses": losses, "where": f"{context().backend}, {dev}"}
+    return {"times": times, "losses": losses, "where": f"{context().backend}, {dev}"
+            + (" (ranks share the GPUs)" if context().placement == "shared" else "")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=32, help="items per rank per step")
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
                         help="auto: NCCL when there is a GPU per rank, else gloo")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"],
+                        help="cuda: the GPUs there are, shared by the ranks when fewer (gloo); "
+                        "default: $TOOLKIT_DEVICE, else auto")
     parser.add_argument("--out", help="also write the table to this CSV file")
     args = parser.parse_args(argv)
 
@@ -119,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     table: dict[int, dict[str, float]] = {}
     losses: dict[int, dict[str, float]] = {}
     for p in args.ranks:
-        results = spawn(_bench, p, args, backend=args.backend, timeout=600, echo=False)
+        results = spawn(_bench, p, args, backend=args.backend, device=args.device, timeout=600,
+                        echo=False)
         print(f"{p} ranks on {results[0]['where']} (rank 0)", flush=True)
         table[p] = {name: statistics.median(max(step) for step in
                                             zip(*(r["times"][name] for r in results)))

@@ -5,12 +5,28 @@ it started, sampled every 50 ms: forked ranks share most pages with the kernel, 
 shared pages between their users instead of counting them once per process as RSS would.
 Binder gives about 2 GB and 1 CPU; the course promises well under a minute and 2 GB.
 
-Usage: python benchmarks/lesson_resources.py [lessons/NN_x.ipynb ...]
+With ``--save`` each lesson's figures go into `MEASURED` (``--record FILE.json``: another) with
+the machine they were taken on (cores, the load average just before and after, date, commit),
+replacing that lesson's earlier entry and keeping the others'; `benchmarks/lesson_map.py` then
+rewrites the lesson map's run-time column from it. The load average says how busy the machine
+was: a run beside other work takes longer than on an idle machine.
+
+Usage: python benchmarks/lesson_resources.py [lessons/NN_x.ipynb ...] [--save | --record FILE.json]
+                                           [--save-to DIR] [--csv FILE]
+``--save-to`` keeps each executed notebook (outputs included); ``--csv`` writes the table; a
+lesson that fails is reported on its line and the others still run (exit status 1). The
+kernel inherits this process's environment: ``TOOLKIT_DEVICE=cuda`` runs the lessons' ranks on
+the GPUs (`make gpu-check` does).
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import csv
+import datetime
+import json
+import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -20,6 +36,8 @@ import nbformat
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "benchmarks" / "results" / "lessons.json"
+"""The measurements the lesson map shows (benchmarks/lesson_map.py writes them into it)."""
 
 
 def tree_pss(pid: int) -> int:
@@ -68,13 +86,68 @@ def run(path: Path, save_to: Path | None = None) -> tuple[float, int]:
     return time.perf_counter() - t0, peak
 
 
-def main() -> None:
-    paths = [Path(p) for p in sys.argv[1:]] or sorted((ROOT / "lessons").glob("*.ipynb"))
-    print(f"{'lesson':<36}{'wall s':>8}{'peak MB (PSS)':>15}")
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                          capture_output=True)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def save(path: Path, name: str, entry: dict) -> None:
+    """Put one lesson's entry into the measurements file `path` (others' entries kept)."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.setdefault("about", "Each lesson run top to bottom in a fresh kernel by "
+                    "benchmarks/lesson_resources.py: wall seconds, peak PSS in MiB of the kernel "
+                    "and its ranks, and the machine (cores, 1-minute load average just before "
+                    "and after the run). benchmarks/lesson_map.py writes them into the map.")
+    data.setdefault("lessons", {})[name] = entry
+    data["lessons"] = dict(sorted(data["lessons"].items()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("lessons", nargs="*", type=Path, help="notebooks (default: every lesson)")
+    ap.add_argument("--save", action="store_true", help="record each lesson's figures in "
+                    f"{MEASURED.relative_to(ROOT)} (the lesson map's)")
+    ap.add_argument("--record", type=Path, metavar="FILE.json", help="record them in FILE.json")
+    ap.add_argument("--save-to", type=Path, metavar="DIR", help="folder for the executed notebooks")
+    ap.add_argument("--csv", type=Path, help="write the table here")
+    args = ap.parse_args(argv)
+    target = args.record or (MEASURED if args.save else None)
+    if target is not None and target.suffix != ".json":
+        ap.error(f"--record {target}: expected a .json file")
+    paths = args.lessons or sorted((ROOT / "lessons").glob("*.ipynb"))
+    if args.save_to:
+        args.save_to.mkdir(parents=True, exist_ok=True)
+    print(f"{'lesson':<36}{'wall s':>8}{'peak MB (PSS)':>15}{'load before/after':>19}  status",
+          flush=True)
+    rows = []
     for path in paths:
-        wall, peak = run(path)
-        print(f"{path.name:<36}{wall:>8.1f}{peak / 2**20:>15.0f}", flush=True)
+        before = os.getloadavg()[0]
+        try:
+            wall, peak = run(path, save_to=args.save_to / path.name if args.save_to else None)
+            status = "ok"
+        except Exception as exc:  # noqa: BLE001 - a failed lesson is reported, the rest still run
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            wall, peak, status = float("nan"), 0, f"failed: {first}"
+        after = os.getloadavg()[0]
+        print(f"{path.name:<36}{wall:>8.1f}{peak / 2**20:>15.0f}{before:>11.1f} / {after:<5.1f}"
+              f"  {status}", flush=True)
+        rows.append([path.name, round(wall, 1), round(peak / 2**20), status])
+        if target is not None and status == "ok":
+            save(target, path.name, {
+                "wall_s": round(wall, 1), "peak_mib": round(peak / 2**20),
+                "cpus": os.cpu_count(), "load_before": round(before, 2),
+                "load_after": round(after, 2), "commit": _commit(),
+                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")})
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            csv.writer(f).writerows([["lesson", "seconds", "peak MB (PSS)", "status"], *rows])
+    return 0 if all(r[3] == "ok" for r in rows) else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

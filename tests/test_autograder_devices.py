@@ -5,6 +5,7 @@ GPUs. Grading labs on real GPUs is tests/test_gpu_grading.py (skipped without GP
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,22 @@ import torch
 
 from autograder.batch import grade_command
 from autograder.cli import main as cli
-from autograder.devices import gpu_sets, grade_env, rank_device, resolve_device, visible_gpus
+from autograder.devices import (
+    gpu_sets,
+    grade_env,
+    rank_device,
+    resolve_device,
+    shared_note,
+    visible_gpus,
+)
 from autograder.grade import grade, max_ranks
 from autograder.lab import load_lab
 from autograder.sandbox.channel import pack, unpack
+from autograder.sandbox import confine, landlock, limits, zygote
 from autograder.sandbox.confine import rank_env
+from autograder.sandbox.limits import Limits
 from autograder.sandbox.paths import rank_paths
+from toolkit.launch import gpu_count
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "labs" / "01_collectives" / "collectives.py"
@@ -40,8 +51,8 @@ def test_the_device_is_resolved_from_the_gpus_and_the_lab_s_ranks():
     assert resolve_device("cuda", gpus=4, ranks=4) == "cuda"
     with pytest.raises(ValueError, match=r"no CUDA GPU is visible.*--device cpu"):
         resolve_device("cuda", gpus=0, ranks=4)
-    with pytest.raises(ValueError, match=r"up to 4 ranks, one GPU each.*--gpus-per-grade 4"):
-        resolve_device("cuda", gpus=2, ranks=4)
+    assert resolve_device("cuda", gpus=2, ranks=4) == "cuda"  # the ranks share 2 GPUs
+    assert resolve_device("cuda", gpus=1, ranks=4) == "cuda"
     with pytest.raises(ValueError, match="--device must be one of cpu, cuda, auto"):
         resolve_device("tpu", gpus=0, ranks=1)
 
@@ -61,11 +72,13 @@ def test_concurrent_grades_get_disjoint_gpu_sets_and_never_more_grades_than_sets
 
 
 def test_the_environment_of_a_grade_and_of_its_ranks():
-    assert grade_env("cpu") == {"CUDA_VISIBLE_DEVICES": ""}
+    assert grade_env("cpu") == {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
     assert grade_env("cuda", [4, 5, 6, 7]) == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
     with pytest.raises(ValueError, match="needs its GPU set"):
         grade_env("cuda", [])
     assert [rank_device("cuda", r) for r in range(3)] == ["cuda:0", "cuda:1", "cuda:2"]
+    assert [rank_device("cuda", r, 2) for r in range(4)] == ["cuda:0", "cuda:1"] * 2  # shared
+    assert [rank_device("cuda", r, 1) for r in range(3)] == ["cuda:0"] * 3
     assert rank_device("cpu", 3) == "cpu"
     spec = {"home": "/tmp/h", "rank": 1, "world_size": 4, "gpus": "4,5,6,7"}
     assert rank_env({**spec, "device": "cuda:1"})["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
@@ -75,13 +88,89 @@ def test_the_environment_of_a_grade_and_of_its_ranks():
     assert cmd[-2:] == ["--device", "cuda"] and env["CUDA_VISIBLE_DEVICES"] == "2,3"
 
 
-def test_a_cuda_rank_may_open_the_gpu_nodes_only_on_a_cuda_grade(tmp_path):
+def test_shared_gpus_are_said_in_the_report_and_each_rank_gets_gpu_r_mod_g():
+    assert shared_note(ranks=4, gpus=4) is None
+    note = shared_note(ranks=4, gpus=1)
+    assert "shared 1 GPU " in note and "cuda:(r mod 1)" in note and "not those" in note
+    lab01 = load_lab(ROOT / "labs" / "01_collectives")
+    with pytest.raises(ValueError, match=r"needs its GPUs \(1 to 4"):
+        grade(lab01, REFERENCE, device="cuda", gpus=[])
+
+
+def test_a_cuda_rank_may_open_the_gpu_nodes_only_on_a_cuda_grade(tmp_path, monkeypatch):
     cpu_read, cpu_write, _ = rank_paths(tmp_path, tmp_path / "home")
     gpu_read, gpu_write, _ = rank_paths(tmp_path, tmp_path / "home", gpu=True)
-    assert cpu_write == [str(tmp_path / "home"), "/dev/null"]
-    added = set(gpu_write) - set(cpu_write)
-    assert all(p.startswith("/dev/nvidia") and Path(p).exists() for p in added)
+    assert cpu_write == gpu_write == [str(tmp_path / "home"), "/dev/null"]
+    added = set(gpu_read) - set(cpu_read)
+    assert all(p.startswith(("/proc/driver/nvidia", "/sys/")) for p in added)
     assert not any("nvidia" in p for p in cpu_read + cpu_write)
+    # The nodes themselves get read, write and ioctl (Landlock ABI 5), on a cuda grade only.
+    seen = {}
+
+    def restrict(read, write, listing, **kw):
+        seen.update(kw)
+        return 5
+
+    monkeypatch.setattr(confine.landlock, "abi_version", lambda: 5)
+    monkeypatch.setattr(confine.landlock, "restrict", restrict)
+    monkeypatch.setattr(confine, "gpu_nodes", lambda: ["/dev/nvidiactl", "/dev/nvidia0"])
+    spec = {"code": str(tmp_path), "toolkit": ()}
+    confine._landlock({**spec, "device": "cuda:0"}, tmp_path / "home")
+    assert seen["devices"] == ["/dev/nvidiactl", "/dev/nvidia0"]
+    confine._landlock({**spec, "device": "cpu"}, tmp_path / "home")
+    assert tuple(seen["devices"]) == ()
+
+
+def test_landlock_gives_device_rules_the_ioctl_right(monkeypatch):
+    rules = []
+    monkeypatch.setattr(landlock, "abi_version", lambda: 5)
+    monkeypatch.setattr(landlock, "_add_rule", lambda libc, rs, path, rights: rules.append(
+        (path, rights)))
+
+    class Libc:  # create_ruleset answers a descriptor restrict may close; the rest succeed
+        made = False
+
+        def syscall(self, *args):
+            if not self.made:
+                self.made = True
+                return os.open(os.devnull, os.O_RDONLY)
+            return 0
+
+        def prctl(self, *args):
+            return 0
+
+    monkeypatch.setattr(landlock, "_libc", Libc)
+    landlock.restrict(["/usr"], ["/tmp/h"], devices=["/dev/nvidia0"])
+    rights = dict(rules)
+    assert rights["/dev/nvidia0"] & landlock.IOCTL_DEV
+    assert not rights["/tmp/h"] & landlock.IOCTL_DEV and not rights["/usr"] & landlock.IOCTL_DEV
+
+
+def test_a_cuda_rank_has_no_address_space_cap(monkeypatch):
+    """The CUDA driver reserves tens of GiB of addresses when it starts: RLIMIT_AS would fail
+    it, so a cuda grade's ranks are bounded by the watchdog's resident sum instead."""
+    set_to = {}
+    monkeypatch.setattr(limits.resource, "setrlimit", lambda which, v: set_to.update({which: v}))
+    limits.apply_rlimits(Limits(), 12345, address_space=False)
+    assert limits.resource.RLIMIT_AS not in set_to and limits.resource.RLIMIT_NPROC in set_to
+    limits.apply_rlimits(Limits(), 12345)
+    assert set_to[limits.resource.RLIMIT_AS][0] == Limits().memory_mb * limits.MB
+
+
+def test_the_fork_server_warms_autograd_only_with_the_gpus_hidden(monkeypatch):
+    """autograd's first backward starts the CUDA driver where GPUs are visible; a cuda grade's
+    fork server must not (its forked ranks' CUDA calls would fail)."""
+    import torch
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: calls.append(1))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    zygote._warm()
+    assert calls == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    zygote._warm()
+    assert calls == [1]
+    assert confine.rank_env({"home": "/h", "rank": 0, "world_size": 2})[
+        "PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
 
 
 def test_tensors_are_encoded_as_cpu_copies_on_any_device():
@@ -98,13 +187,10 @@ def test_grade_refuses_a_device_the_lab_does_not_run_on(tmp_path):
     assert lab04.info.devices == ("cpu",)
     with pytest.raises(ValueError, match="runs on cpu only"):
         grade(lab04, tmp_path, device="cuda", gpus=[0, 1, 2, 3])
-    lab01 = load_lab(ROOT / "labs" / "01_collectives")
-    assert max_ranks(lab01) == 4
-    with pytest.raises(ValueError, match="needs 4 GPUs"):
-        grade(lab01, REFERENCE, device="cuda", gpus=[0])
+    assert max_ranks(load_lab(ROOT / "labs" / "01_collectives")) == 4
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with GPUs")
+@pytest.mark.skipif(gpu_count() > 0, reason="a machine with GPUs")
 def test_cuda_without_gpus_is_a_clear_error_before_anything_starts(tmp_path, capsys):
     json_out = tmp_path / "r.json"
     code = cli(["grade", str(REFERENCE), "--lab", "01_collectives", "--device", "cuda",
@@ -118,3 +204,22 @@ def test_cuda_without_gpus_is_a_clear_error_before_anything_starts(tmp_path, cap
     assert not (tmp_path / "out").exists()
     code = cli(["batch", str(tmp_path), "--lab", "01_collectives", "--gpus-per-grade", "4"])
     assert code == 2 and "add --device cuda" in capsys.readouterr().err
+
+
+def test_batch_and_slurm_allow_fewer_gpus_per_grade_than_ranks():
+    from argparse import Namespace
+
+    from autograder.cli import _batch_devices, _slurm_devices
+
+    lab01 = load_lab(ROOT / "labs" / "01_collectives")  # launches of up to 4 ranks
+
+    def batch(gpus, per_grade=None, jobs=2, device="cuda"):
+        return _batch_devices(Namespace(gpus=gpus, gpus_per_grade=per_grade, jobs=jobs,
+                                        device=device), lab01)
+
+    assert batch([0]) == ("cuda", [[0]])  # one GPU: every grade's ranks share it
+    assert batch([0, 1], per_grade=1) == ("cuda", [[0], [1]])  # two grades at once
+    assert batch(list(range(8))) == ("cuda", [[0, 1, 2, 3], [4, 5, 6, 7]])
+    assert batch([0], device="auto") == ("cpu", [])  # auto: a GPU per rank, else CPU
+    args = Namespace(device="cuda", gpus_per_grade=1)
+    assert _slurm_devices(args, lab01) == {"device": "cuda", "gpus_per_grade": 1}

@@ -54,8 +54,10 @@ def test_cli_checks_slurm_devices_against_the_lab(tmp_path, capsys, monkeypatch)
     base = ["batch", str(subs), "--out", str(tmp_path / "g"), "--slurm"]
     assert main(base + ["--lab", "04_pipeline_schedule", "--device", "cuda"]) == 2
     assert "grade it with --device cpu" in capsys.readouterr().err
-    assert main(base + ["--lab", "02_ddp", "--device", "cuda", "--gpus-per-grade", "1"]) == 2
-    assert "ask for at least" in capsys.readouterr().err
+    # One GPU per grade is allowed (its ranks share it): the array asks for jobs × 1 GPUs.
+    script = slurm.job_script(out=tmp_path / "g", lab_dir=Path("labs/02_ddp"), tasks=1, jobs=2,
+                              device="cuda", gpus_per_grade=1)
+    assert "#SBATCH --gres=gpu:2" in script and "--device cuda --gpus-per-grade 1" in script
     assert main(base + ["--lab", "02_ddp", "--gpus-per-grade", "2"]) == 2
     assert "add --device cuda" in capsys.readouterr().err
 

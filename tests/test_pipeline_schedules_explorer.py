@@ -63,6 +63,14 @@ def test_explorer_view_compares_with_each_papers_formula():
     assert "Messages cost time" in verdict and "gives <b>27.3%</b>" in verdict
     with pytest.raises(ValueError, match="w_share in 0 … 1"):
         schedules_view(w_share=2.0)
+    # ZB-V at t_F = t_B = t_W: only the fill, (p − 1)/2 of 24 op-times; DualPipe's pairs as
+    # Table 2 counts them: (p/2 − 1)(F&B + B − 3W) = 2 of 26.
+    _, verdict = schedules_view(schedule="zb-v", p=4, m=8, ratio=2.0, w_share=0.5)
+    assert "simulated bubble <b>5.9%</b>" in verdict and "gives <b>5.9%</b>" in verdict
+    _, verdict = schedules_view(schedule="dualpipe", p=4, m=8, ratio=2.0, w_share=0.5)
+    assert "simulated bubble <b>7.7%</b>" in verdict and "gives <b>7.7%</b>" in verdict
+    fig, verdict = schedules_view(schedule="dualpipe", p=4, m=6)
+    assert "at least 2p" in verdict and fig.layout.title.text.startswith("no schedule")
 
 
 def test_explorer_redraws_and_disables_the_split_for_unsplit_schedules():
@@ -73,6 +81,8 @@ def test_explorer_redraws_and_disables_the_split_for_unsplit_schedules():
     assert not ex.w_share.disabled
     ex.schedule.value = "terapipe"                    # as if a student picked it
     assert ex.w_share.disabled and "terapipe, p = 4" in ex.figure.layout.title.text
+    ex.schedule.value = "zb-v"
+    assert not ex.w_share.disabled and "zb-v, p = 4" in ex.figure.layout.title.text
     ex.m.value = 16
     assert "m = 16" in ex.figure.layout.title.text
     with pytest.raises(ValueError, match="p must be an int in 2 … 8"):

@@ -97,6 +97,33 @@ def test_links_go_to_pages_downloads_or_the_repository() -> None:
     assert p.href({"url": "https://arxiv.org/abs/1910.02054"}) == "https://arxiv.org/abs/1910.02054"
 
 
+def test_without_a_repository_a_source_link_is_its_text() -> None:
+    p = render.Page(location="docs/x.md", slugs=set(), repo=None, widgets={})
+    assert p.href({"url": "/x", "urlSource": "../toolkit/hub.py"}) is None
+    assert p.node({"type": "link", "url": "/x", "urlSource": "../toolkit/hub.py",
+                   "children": [{"type": "text", "value": "hub"}]}) == "hub"
+
+
+def test_a_folders_readme_page_is_named_after_its_folder() -> None:
+    assert render.page_name("readme-3", "/labs/03_sharded_optimizer/README.md") == \
+        "labs-03-sharded-optimizer"
+    assert render.page_name("readme", "labs/README.md") == "labs"
+    assert render.page_name("index", "lessons/README.md") == "index"
+    assert render.page_name("grading", "docs/grading.md") == "grading"
+    p = render.Page(location="labs/README.md", slugs={"readme-1"}, repo=None, widgets={},
+                    names={"readme-1": "labs-01-collectives"})
+    assert p.href({"url": "/readme-1#try-it", "internal": True}) == \
+        "labs-01-collectives.html#try-it"
+
+
+def test_the_run_it_live_bar_names_make_lab_and_binder_only_when_set() -> None:
+    bar = render.live_bar("lessons/08_fsdp.ipynb", executed=True, repo=None)
+    assert "make lab" in bar and "8888" not in bar and "mybinder" not in bar
+    bar = render.live_bar("lessons/08_fsdp.ipynb", executed=True, repo="o/course")
+    binder = "https://mybinder.org/v2/gh/o/course/HEAD?urlpath=lab/tree/lessons/08_fsdp.ipynb"
+    assert f'href="{binder}"' in bar
+
+
 def test_a_plotly_output_becomes_a_figure_and_escapes_its_script() -> None:
     fig = '{"data": [{"y": [1, 2], "name": "</script><b>x"}], "layout": {}}'
     got = page().bundle({render.PLOTLY: fig, "text/html": "<p>fallback</p>"})
@@ -187,6 +214,12 @@ def test_every_internal_link_of_the_site_resolves(site: tuple[Path, str]) -> Non
     html, lesson = site
     pages = {p.name: parse(p) for p in html.glob("*.html")}
     assert "index.html" in pages and len(pages) >= 1 + len(list((ROOT / "lessons").glob("*.ipynb")))
+    labs = sorted(p.parent.name for p in (ROOT / "labs").glob("*/checks.py"))
+    assert {f"labs-{lab.replace('_', '-')}.html" for lab in labs} <= set(pages)
+    # The student edition: no instructors' section, no solution, no instructors' page.
+    text = "".join((html / name).read_text() for name in pages)
+    assert "For instructors" not in text
+    assert not {"teaching.html", "jupyterhub.html"} & set(pages)
     broken = []
     for name, links in pages.items():
         for url in links.urls:

@@ -1,5 +1,6 @@
 """toolkit.viz.communicating_less and lesson 15's explorers: the figures draw the numbers given
-(running totals, modelled times, errors and bytes per rank r, final losses per learning rate);
+(running totals, modelled times, errors and bytes per rank r, final losses per learning rate,
+steps and examples against batch size);
 the views' verdicts follow the α-β model and the SVD; the explorers redraw when a control moves."""
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import torch
 
 from toolkit.cost import AlphaBeta
 from toolkit.cost.traffic import sync_time_per_step
-from toolkit.viz.communicating_less import cumulative_traffic, loss_vs_time, lr_sweep, rank_tradeoff
+from toolkit.viz.communicating_less import (
+    batch_tradeoff, cumulative_traffic, loss_vs_time, lr_sweep, rank_tradeoff,
+)
 from toolkit.widgets.communicating_less import (
     local_sgd_explorer, local_sgd_view, powersgd_errors, powersgd_explorer, powersgd_view,
     smoothed, time_to_reach,
@@ -140,3 +143,16 @@ def test_powersgd_view_and_explorer_report_bytes_and_the_compression_rule():
     assert "4 × 4" in explorer.figure.layout.title.text
     with pytest.raises(ValueError, match="matrices is empty"):
         powersgd_explorer({})
+
+
+def test_batch_tradeoff_draws_the_hyperbola_and_marks_batches():
+    fig = batch_tradeoff({"early": 10.0, "late": 100.0}, batches=[16, 512])
+    assert [t.name for t in fig.data] == ["early: steps S/S_min", "early: examples E/E_min",
+                                          "late: steps S/S_min", "late: examples E/E_min"]
+    steps, examples = fig.data[0], fig.data[1]
+    for b, s, e in zip(steps.x, steps.y, examples.y):
+        assert s == pytest.approx(1 + 10 / b) and (s - 1) * (e - 1) == pytest.approx(1.0)
+    assert min(steps.x) <= 16 / 3 and max(steps.x) >= 512 * 3
+    assert len(fig.layout.shapes) == 2
+    with pytest.raises(ValueError, match="numbers > 0"):
+        batch_tradeoff({"bad": math.inf})

@@ -48,6 +48,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .arguments import check_int
+from .launch.gpus import gpu_count
 
 __all__ = ["CheckpointInfo", "atomic_save", "get_rng_state", "load_checkpoint",
            "save_checkpoint", "set_rng_state"]
@@ -117,7 +118,7 @@ def get_rng_state() -> dict:
     py_version, py_state, py_gauss = random.getstate()
     state: dict[str, Any] = {"torch": torch.get_rng_state(),
                              "python": [py_version, list(py_state), py_gauss]}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # never is_available(): it would start the CUDA driver
         # The current device's only (cuda:LOCAL_RANK under NCCL): get_rng_state_all() would
         # create a CUDA context on every GPU of the node in every rank.
         state["cuda_device"] = torch.cuda.get_rng_state()
@@ -136,7 +137,7 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     version, py_state, gauss = state["python"]
     random.setstate((version, tuple(py_state), gauss))
-    if "cuda_device" in state and torch.cuda.is_available():
+    if "cuda_device" in state and gpu_count() > 0:  # none in a CPU rank: its GPUs are hidden
         torch.cuda.set_rng_state(state["cuda_device"])  # this rank's current device
     if "numpy" in state:
         import numpy as np

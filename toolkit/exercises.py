@@ -3,13 +3,14 @@
 A lesson's exercises are written once, in the instructor's notebook, with the answer inside a
 solution region; the student edition (`autograder release --course`) replaces the region by its
 ``### STUB:`` lines, so the suite runs every check against the real answer and a student sees
-only the stub and the hints::
+only the stub and the hints (a cell's lines, shown after a bar so that this docstring holds
+no marker line of its own: the student edition is checked for none)::
 
-    ### BEGIN SOLUTION
-    answer_lr = 0.8
-    ### END SOLUTION
-    ### STUB: answer_lr = None   # a float
-    ### HINT: the batch grew by a factor of 8; what does the linear rule do with the rate?
+    | ### BEGIN SOLUTION
+    | answer_lr = 0.8
+    | ### END SOLUTION
+    | ### STUB: answer_lr = None   # a float
+    | ### HINT: the batch grew by a factor of 8; what does the linear rule do with the rate?
 
 Two kinds of check:
 

@@ -20,8 +20,9 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode, urlsplit
 
-# The map's "run time / peak memory" cell: "10.4 s / 348 MB" (optionally "(busy machine)").
-_RESOURCES = re.compile(r"(\d+(?:\.\d+)?)\s*s\s*/\s*(\d+(?:\.\d+)?)\s*MB")
+# The map's "run time / peak memory" cell: "10.4 s / 348 MiB" (benchmarks/lesson_map.py writes
+# it; a † after it marks a busy machine).
+_RESOURCES = re.compile(r"(\d+(?:\.\d+)?)\s*s\s*/\s*(\d+(?:\.\d+)?)\s*Mi?B")
 _ROW = re.compile(r"^\|\s*(\d{2})\s*\|\s*\[`?([^`\]]+\.ipynb)`?\]")
 
 

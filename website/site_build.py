@@ -1,5 +1,10 @@
 """The course as a static website: lessons executed once, parsed by Jupyter Book 2 / MyST, drawn.
 
+The site is the student edition (`autograder release --course`, written to OUT/edition first):
+lessons with their exercises stubbed, labs without solutions or "For instructors" sections,
+docs without theirs. Its Binder links name pyproject.toml's ``[tool.course]
+student-repository``; unset, the site has none and the build says so.
+
 Steps (each a function below, `main` runs them in order):
 1. pages: the lesson map (lessons/README.md) is the landing page and gives the lessons' order;
    every lessons/*.ipynb the map does not list yet is appended (glob), so a new lesson is never
@@ -36,6 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(ROOT / "benchmarks"))   # lesson_resources: one way to run a lesson
 import site_render as render  # noqa: E402  (website/site_render.py, beside this file)
+
+from autograder.edition import release_course, student_repository  # noqa: E402
 
 TITLE = "Distributed deep-learning training, hands on"
 CELL_TIMEOUT_S = 300      # one cell; a lesson runs in well under a minute, a busy machine slower
@@ -77,14 +84,16 @@ def execute_lesson(src: str, dst: str) -> tuple[float, int]:
     return run(Path(src), save_to=Path(dst))  # raises CellExecutionError if a cell fails
 
 
-def execute_lessons(lessons: list[str], staging: Path, *, jobs: int
+def execute_lessons(lessons: list[str], staging: Path, *, jobs: int, root: Path | None = None
                     ) -> dict[str, tuple[float, int]]:
-    """Execute lessons `jobs` at a time; a failure stops the build with the lesson's name."""
+    """Execute lessons (paths relative to `root`, default this repository) `jobs` at a time; a
+    failure stops the build with the lesson's name."""
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: expected at least 1 notebook at a time")
+    root = ROOT if root is None else root
     measured: dict[str, tuple[float, int]] = {}
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {rel: pool.submit(execute_lesson, str(ROOT / rel), str(staging / rel))
+        futures = {rel: pool.submit(execute_lesson, str(root / rel), str(staging / rel))
                    for rel in lessons}
         for rel, future in futures.items():
             try:
@@ -121,16 +130,17 @@ def toc(pages: Pages) -> list[dict]:
             {"title": "Notes", "children": [{"file": f} for f in pages.docs]}]
 
 
-def stage(pages: Pages, staging: Path) -> None:
-    """Copy every page (and the lab folders' files, which the READMEs link) into staging/."""
+def stage(pages: Pages, staging: Path, root: Path = ROOT) -> None:
+    """Copy every page of `root` (the student edition) and the lab folders' files, which the
+    READMEs link, into staging/."""
     if staging.exists():
         shutil.rmtree(staging)
     for rel in [pages.landing, *pages.lessons, *pages.docs]:
         (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / rel, staging / rel)
+        shutil.copy(root / rel, staging / rel)
     for rel in pages.labs:  # a lab README links its playground and the file students edit
-        src = (ROOT / rel).parent
-        shutil.copytree(src, staging / src.relative_to(ROOT), dirs_exist_ok=True,
+        src = (root / rel).parent
+        shutil.copytree(src, staging / src.relative_to(root), dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("hidden", "__pycache__", ".ipynb_*"))
     # MyST needs a site template; its own are downloaded at build time. This local one is empty:
     # `--site` only writes MyST's AST, which site_render.py draws.
@@ -161,17 +171,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "site")
     parser.add_argument("--execute", default="all", help="all, none, or lesson names: 00,08_fsdp")
     parser.add_argument("--jobs", type=int, default=2, help="lessons executed at a time")
-    parser.add_argument("--repo", default="OWNER/REPO", help="GitHub owner/name for Binder links")
+    parser.add_argument("--repo", default=None, help="GitHub OWNER/NAME of the student "
+                        "edition for Binder links (default: pyproject.toml's [tool.course] "
+                        "student-repository)")
     args = parser.parse_args(argv)
     start = time.monotonic()
-    pages = course_pages()
+    repo = args.repo or student_repository()
+    if repo is None:
+        print("site: no Binder links (set student-repository = \"OWNER/NAME\" under "
+              "[tool.course] in pyproject.toml, or pass --repo)", flush=True)
+    edition = args.out / "edition"
+    release_course(edition, force=True)
+    pages = course_pages(edition)
     staging = args.out / "src"
-    stage(pages, staging)
+    stage(pages, staging, edition)
     to_run = selected(pages.lessons, args.execute)
-    execute_lessons(to_run, staging, jobs=args.jobs)
+    execute_lessons(to_run, staging, jobs=args.jobs, root=edition)
     myst_site = run_myst(staging)
     html = args.out / "html"
-    n = render.render_site(myst_site, staging, html, executed=set(to_run), repo=args.repo)
+    n = render.render_site(myst_site, staging, html, executed=set(to_run), repo=repo)
     size = sum(p.stat().st_size for p in html.rglob("*") if p.is_file())
     print(f"site: {n} pages, {size / 2**20:.1f} MiB in {html} "
           f"({len(to_run)} of {len(pages.lessons)} lessons executed) "

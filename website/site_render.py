@@ -14,12 +14,14 @@ import json
 import posixpath
 import re
 import shutil
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import plotly
 
 from site_widgets import render_widget  # website/site_widgets.py
+
+from autograder.edition import binder_url
 
 STATIC = Path(__file__).resolve().parent / "static"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -43,17 +45,21 @@ class FileRef(str):
 class Page:
     """Turns one page's AST into HTML; knows the site's pages for its links."""
 
-    def __init__(self, *, location: str, slugs: set[str], repo: str, widgets: dict[str, Any],
-                 public: Path | None = None):
+    def __init__(self, *, location: str, slugs: set[str], repo: str | None,
+                 widgets: dict[str, Any], public: Path | None = None,
+                 names: dict[str, str] | None = None):
         self.location = location.lstrip("/")   # the page's source, repository-relative
         self.public = public                   # MyST's public/: large outputs saved as files
         self.slugs = slugs
-        self.repo = repo
+        self.names = names or {}               # slug -> the page's file name (`page_name`)
+        self.repo = repo                       # the student repository on GitHub, or None
         self.widgets = widgets                 # model_id -> {model_name, state, ...}
         self.figures = 0
 
     # -- links --------------------------------------------------------------------------
-    def href(self, node: dict[str, Any]) -> str:
+    def href(self, node: dict[str, Any]) -> str | None:
+        """Where a link goes; None for a repository file when no repository is set (the link
+        is then drawn as its text)."""
         url = node.get("url", "")
         if re.match(r"^[a-z][a-z0-9+.-]*:", url) or url.startswith("#"):
             return url
@@ -61,10 +67,12 @@ class Page:
         anchor = f"#{anchor}" if anchor else ""
         slug = path.strip("/")
         if node.get("internal") or slug in self.slugs or path == "/":
-            return f"{slug or 'index'}.html{anchor}"
+            return f"{self.names.get(slug, slug or 'index')}.html{anchor}"
         if node.get("static"):
             return path.lstrip("/")                # MyST copied the file into public/
-        # A repository file the site does not hold (toolkit code, a test): link it on GitHub.
+        # A repository file the site does not hold (toolkit code): link it on GitHub.
+        if self.repo is None:
+            return None
         source = node.get("urlSource", url)
         target = posixpath.normpath(posixpath.join(posixpath.dirname(self.location), source))
         return f"https://github.com/{self.repo}/blob/HEAD/{target}"
@@ -91,7 +99,8 @@ class Page:
             return f'<h{depth} id="{ident}">{self.children(n)}</h{depth}>'
         if kind in ("link", "crossReference"):
             url = self.href(n) if "url" in n else f"#{n.get('html_id') or n.get('identifier', '')}"
-            return f'<a href="{esc(url)}">{self.children(n)}</a>'
+            return self.children(n) if url is None else \
+                f'<a href="{esc(url)}">{self.children(n)}</a>'
         if kind == "list":
             tag = "ol" if n.get("ordered") else "ul"
             start = f' start="{int(n["start"])}"' if n.get("ordered") and n.get("start") else ""
@@ -201,35 +210,48 @@ def notebook_widgets(path: Path) -> dict[str, Any]:
     return state.get("state", {})
 
 
-def nav_html(pages: list[dict[str, Any]], current: str) -> str:
+def page_name(slug: str, location: str) -> str:
+    """A page's file name without .html: MyST's slug, except for a folder's README, which MyST
+    numbers (readme-1, readme-2, ...): that one is named after its folders
+    (labs/01_collectives/README.md -> labs-01-collectives)."""
+    path = PurePosixPath(location.lstrip("/"))
+    if slug != "index" and path.name.lower() == "readme.md" and len(path.parts) > 1:
+        return "-".join(path.parts[:-1]).replace("_", "-").lower()
+    return slug
+
+
+def nav_html(pages: list[dict[str, Any]], current: str, names: dict[str, str]) -> str:
     items = []
     for p in pages:
         if not p.get("slug"):
             items.append(f'<li class="section">{esc(p.get("title", ""))}</li>')
             continue
         cls = ' class="current"' if p["slug"] == current else ""
-        items.append(f'<li{cls}><a href="{p["slug"]}.html">{esc(p.get("title", ""))}</a></li>')
+        items.append(f'<li{cls}><a href="{names.get(p["slug"], p["slug"])}.html">'
+                     f'{esc(p.get("title", ""))}</a></li>')
     return "<ul>" + "".join(items) + "</ul>"
 
 
-def live_bar(location: str, *, executed: bool, repo: str, download: str = "") -> str:
-    """For a lesson: where to run it (JupyterLab from `make lab`, Binder) and its download."""
+def live_bar(location: str, *, executed: bool, repo: str | None, download: str = "") -> str:
+    """For a lesson: where to run it (`make lab` on your machine, Binder when the student
+    repository is set) and its download. No link to a local JupyterLab: its port and token
+    are the ones `make lab` prints, not known here."""
     if not location.endswith(".ipynb") or not location.startswith("lessons/"):
         return ""
-    binder = f"https://mybinder.org/v2/gh/{repo}/HEAD?urlpath=lab/tree/{location}"
-    local = f"http://127.0.0.1:8888/lab/tree/{location}"
+    binder = (f' · <a href="{esc(binder_url(repo, location))}">on Binder</a>'
+              if repo else "")
     note = ("" if executed else
             '<p class="not-executed">This build did not execute this lesson: code without '
             "outputs. The full site (<code>make site</code>) shows every output.</p>")
-    return (f'<div class="run-live">Run it live: <a href="{local}">JupyterLab</a> '
-            f"(after <code>make lab</code>) · <a href=\"{binder}\">Binder</a>"
+    return (f'<div class="run-live">Run it live: <code>make lab</code> in the course\'s folder, '
+            f"then open <code>{esc(location)}</code> in the JupyterLab it starts{binder}"
             + (f' · <a href="{esc(download)}" download>the notebook</a>' if download else "")
             + ". Sliders and "
             f"figures here are a saved copy of one run.</div>{note}")
 
 
 def render_site(myst_site: Path, staging: Path, out: Path, *, executed: set[str],
-                repo: str) -> int:
+                repo: str | None) -> int:
     """Write one HTML page per MyST page into out/; returns the number of pages."""
     config = json.loads((myst_site / "config.json").read_text())
     project = config["projects"][0]
@@ -246,12 +268,15 @@ def render_site(myst_site: Path, staging: Path, out: Path, *, executed: set[str]
     for name in ("style.css", "figures.js"):
         shutil.copy(STATIC / name, out / name)
     shell = (STATIC / "page.html").read_text()
+    contents = {p["slug"]: json.loads((myst_site / "content" / f"{p['slug']}.json").read_text())
+                for p in pages if p.get("slug")}
+    names = {slug: page_name(slug, c.get("location", "")) for slug, c in contents.items()}
     for p in pages:
         if not p.get("slug"):
             continue
-        content = json.loads((myst_site / "content" / f"{p['slug']}.json").read_text())
+        content = contents[p["slug"]]
         location = content.get("location", "").lstrip("/")
-        page = Page(location=location, slugs=slugs, repo=repo,
+        page = Page(location=location, slugs=slugs, repo=repo, names=names,
                     widgets=notebook_widgets(staging / location), public=myst_site / "public")
         body = page.node(content["mdast"])
         front = content.get("frontmatter", {})
@@ -260,9 +285,9 @@ def render_site(myst_site: Path, staging: Path, out: Path, *, executed: set[str]
                          if e.get("format") == "ipynb" and e.get("url")), "")
         filled = (shell.replace("{{site}}", esc(project.get("title", "")))
                   .replace("{{title}}", esc(title))
-                  .replace("{{nav}}", nav_html(pages, p["slug"]))
+                  .replace("{{nav}}", nav_html(pages, p["slug"], names))
                   .replace("{{live}}", live_bar(location, executed=location in executed,
                                                 repo=repo, download=download))
                   .replace("{{body}}", body))
-        (out / f"{p['slug']}.html").write_text(filled)
+        (out / f"{names[p['slug']]}.html").write_text(filled)
     return len(slugs)

@@ -18,9 +18,12 @@ refused here, in the rank, with a TypeError of the call that names it; a receive
 Nothing here is trusted: a submission can call these methods with anything, replace them, or
 write frames of its own. The courier checks every frame and keeps its own record.
 
-Device seam (`DEVICES`): tensors are staged through host memory (`channel.tensor_bytes`, then
-``copy_`` back onto the tensor's device), so the same backend would carry CUDA tensors; only
-"cpu" is registered until GPU grading (issue #18) decides otherwise.
+Devices: tensors are staged through host memory (`channel.tensor_bytes` copies a CUDA tensor
+to the CPU before encoding; the reply is ``copy_``'d back onto the tensor's device), so the
+same backend carries CUDA tensors. A cuda grade's rank (``device="cuda:k"``, k = rank mod the
+grade's GPUs: `autograder.devices.rank_device`) registers the backend for "cuda" too and makes
+its GPU the current device, so ``.cuda()`` and ``device="cuda"`` in a submission land on that
+rank's GPU, not on GPU 0 with every other rank.
 """
 
 from __future__ import annotations
@@ -305,9 +308,13 @@ class CourierGroup(dist.ProcessGroup):
 
 
 def install(link: Link, rank: int, world_size: int, timeout_s: float = 600.0, *,
-            cuda: bool = False) -> None:
-    """Register the courier backend (for CUDA tensors too when `cuda`: they are staged through
-    host memory) and make it this rank's default process group."""
+            device: str = "cpu") -> None:
+    """Register the courier backend (for CUDA tensors too when `device` is a GPU, ``"cuda:k"``:
+    they are staged through host memory; that GPU becomes the current device) and make it this
+    rank's default process group."""
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(torch.device(device))
 
     def create(opts: Any, _pg_options: Any) -> CourierGroup:
         members = list(opts.global_ranks_in_group) or list(range(world_size))

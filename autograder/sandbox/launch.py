@@ -31,7 +31,7 @@ from .channel import FrameError, FrameReader
 from .courier import Courier
 from .courier_frames import handle
 from .files import MAX_ENTRIES
-from .limits import MB, Limits
+from .limits import MB, Limits, rank_uid
 from .plan import Job, LaunchPlan
 from .scratch import Scratch
 from .server import ForkServer
@@ -82,12 +82,18 @@ class _Launch:
                 self.sel.register(fd, selectors.EVENT_READ, ("out", rank, stream))
             fds += [theirs_end.fileno(), out_w, err_w]
             child_ends += [theirs_end, out_w, err_w]
+        # Each rank's world is built on the launch's folder (`root`, empty) with a tmpfs $HOME
+        # of its share of the disk limit; as root each rank has a uid of the grade's block.
         spec = {"world_size": p, "code": str(job.code), "module": job.module,
                 "forbidden": job.forbidden, "toolkit": job.toolkit, "limits": asdict(limits),
-                "uid": uid, "cgroup": str(group.path) if group else None,
+                "cgroup": str(group.path) if group else None, "unconfined": job.unconfined,
                 "landlock": job.landlock, "seccomp": job.seccomp, "gpus": job.gpus,
+                "root": str(scratch.path), "home_bytes": scratch.home_bytes,
+                "home_inodes": scratch.home_inodes,
                 "ranks": [{"rank": r, "home": str(scratch.homes[r]),
-                           "device": rank_device(job.device, r)} for r in range(p)]}
+                           "uid": None if job.unconfined else rank_uid(uid, r),
+                           "device": rank_device(job.device, r, _set_size(job.gpus))}
+                          for r in range(p)]}
         try:
             pids = server.fork(spec, fds, deadline)
         finally:
@@ -253,7 +259,8 @@ def run_launch(server: ForkServer, job: Job, plan: LaunchPlan, limits: Limits, *
                theirs: frozenset[int], deadline: float) -> tuple[GroupRecord, dict]:
     """Run `plan` on fresh ranks; returns its record and how rank 0 was confined."""
     scratch = Scratch(workdir / f"launch-{number}", plan.key.world_size,
-                      disk_mb=limits.disk_mb, uid=uid)
+                      disk_mb=limits.disk_mb, uid=None if job.unconfined else uid,
+                      private=not job.unconfined)
     group = grade_group.child(f"launch-{number}") if grade_group else None
     record = GroupRecord(plan.key)
     launch = None
@@ -292,6 +299,11 @@ def run_launch(server: ForkServer, job: Job, plan: LaunchPlan, limits: Limits, *
     record.forged = [f"r{n}" for n in named] if named else []
     confined = dict(c.ranks[0].confined or {}, tmpfs=tmpfs) if c.ranks[0].confined else {}
     return record, confined
+
+
+def _set_size(gpus: str) -> int | None:
+    """GPUs in a grade's set ("0,1" -> 2; "" -> None): rank r uses cuda:(r mod that)."""
+    return len([g for g in gpus.split(",") if g.strip()]) or None
 
 
 def _quietly(step) -> None:

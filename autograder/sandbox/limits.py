@@ -5,10 +5,11 @@ Layers, each a backstop for the others (a grade must survive anything a submissi
 * **rlimits**, set in each rank before the student's module is imported (`apply_rlimits`) and
   inherited by anything it starts: address space per process (a memory bomb gets MemoryError),
   CPU seconds, file size, open files, processes (RLIMIT_NPROC counts every task of the *user*
-  and root ignores it: a grader running as root runs each submission as its own unused uid
-  where it can, `sandbox_uid`; not root, the limit is the user's task count plus `processes`).
-* **capabilities**: a rank that stays uid 0 (no uid of its own could be given) drops every one
-  (`drop_capabilities`) after it has made its namespaces.
+  and root ignores it: a grader running as root runs each rank as a uid of its own,
+  `sandbox_uid` and `rank_uid`; not root, the limit is the user's task count plus `processes`).
+* **uid and capabilities** (`become`): as root each rank takes its own uid from a reserved
+  block once its world is built, which clears every capability; in a user namespace it keeps
+  the user's uid and clears the capabilities of its namespace. No rank runs as uid 0.
 * **The grader's watchdog** (`autograder.sandbox.watchdog`): wall time, the summed memory and
   number of tasks of each launch, its output and its files, measured from outside and enforced
   with SIGKILL.
@@ -22,9 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 MB = 1 << 20
 
@@ -62,24 +61,32 @@ class Limits:
                 raise ValueError(f"Limits({name}=...) must be a positive number, got {value!r}")
 
 
+UID_BASE = 1 << 30
+"""First uid of the block the grader gives its ranks as root: far above the ranges
+distributions give to users (1000-60000), services and subordinate ids (100000 + 65536·k)."""
+MAX_RANKS = 16
+"""Uids per grade: a launch of up to 16 ranks gets one uid per rank."""
+
+
 def sandbox_uid() -> int | None:
-    """A fresh unprivileged uid for one grade when running as root, else None (keep ours).
-
-    Uids 200000-265535 are outside the ranges distributions give to users and services; the
-    pid of the grading process makes concurrent grades on one host differ. None also where a
-    stranger could not run this Python (e.g. an interpreter under root's mode-700 home): the
-    grade then keeps uid 0 and relies on the pids cgroup and the watchdog for processes."""
-    if os.geteuid() != 0 or not _world_can_run(Path(sys.executable).resolve()):
+    """The first uid of this grade's block when running as root, else None (ranks then run in
+    user namespaces as the user). Grade g (its grader's pid, unique among the host's live
+    processes, < 2**22) owns uids UID_BASE + 16·g ... + 15; rank r of every launch of the grade
+    runs as the block's r-th (`rank_uid`), so no two ranks that run at once share a uid, no
+    rank shares one with any other process, and none is 0."""
+    if os.geteuid() != 0:
         return None
-    return 200_000 + os.getpid() % 65_536
+    return UID_BASE + os.getpid() * MAX_RANKS
 
 
-def _world_can_run(path: Path) -> bool:
-    """Every folder above `path` is searchable by others and the file is executable."""
-    for folder in path.parents:
-        if not os.stat(folder).st_mode & 0o001:
-            return False
-    return bool(os.stat(path).st_mode & 0o001)
+def rank_uid(base: int | None, rank: int) -> int | None:
+    """Rank `rank`'s uid in the grade whose block starts at `base` (None: not root)."""
+    if base is None:
+        return None
+    if not 0 <= rank < MAX_RANKS:
+        raise ValueError(f"rank {rank}: the sandbox gives at most {MAX_RANKS} ranks a uid of "
+                         "their own (a launch of more ranks cannot be graded)")
+    return base + rank
 
 
 def _tasks_of_user(uid: int) -> int:
@@ -94,11 +101,15 @@ def _tasks_of_user(uid: int) -> int:
     return count
 
 
-def apply_rlimits(limits: Limits, uid: int | None) -> None:
-    """Set this process's rlimits (soft = hard, never above an existing hard limit)."""
+def apply_rlimits(limits: Limits, uid: int | None, *, address_space: bool = True) -> None:
+    """Set this process's rlimits (soft = hard, never above an existing hard limit).
+    ``address_space=False`` (a cuda grade's ranks) leaves RLIMIT_AS alone: the CUDA driver
+    reserves tens of GiB of virtual addresses when it starts (unified addressing), far past any
+    useful cap on what a rank touches; the watchdog's sum of the launch's resident memory and
+    the GPU's own memory bound it instead."""
     nproc = limits.processes if uid is not None else _tasks_of_user(os.getuid()) + limits.processes
     for which, value in (
-        (resource.RLIMIT_AS, limits.memory_mb * MB),
+        *(((resource.RLIMIT_AS, limits.memory_mb * MB),) if address_space else ()),
         (resource.RLIMIT_CPU, limits.cpu_s),
         (resource.RLIMIT_FSIZE, limits.file_mb * MB),
         (resource.RLIMIT_NOFILE, 1024),
@@ -111,11 +122,15 @@ def apply_rlimits(limits: Limits, uid: int | None) -> None:
 
 
 def become(uid: int | None) -> None:
-    """Take the grade's own uid (root only), or else give up every capability."""
+    """Take `uid` (as root: the rank's own), then hold no capability at all. The bounding set
+    goes first (it takes CAP_SETPCAP, which the uid change clears); changing every uid from 0
+    to `uid` clears the permitted, effective and ambient sets (capabilities(7)); a rank in a
+    user namespace keeps its uid and clears its sets itself."""
+    _drop_bounding()
     if uid is not None:
         os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
     drop_capabilities()
 
 
@@ -134,6 +149,7 @@ def fork_server_preexec(group=None):
 
 
 _PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _CAPABILITY_VERSION_3 = 0x20080522  # linux/capability.h: two 32-bit words per set
 
 
@@ -156,6 +172,24 @@ def has_capabilities() -> bool:
     return os.geteuid() == 0
 
 
+def _drop_bounding() -> None:
+    """Empty the bounding set (each drop needs CAP_SETPCAP; without it, nothing changes)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in range(64):  # EINVAL past the kernel's last capability: nothing to drop
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+
+
+def capability_sets() -> dict[str, int]:
+    """This process's capability sets as /proc/self/status shows them (a rank's self-check)."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Cap"):
+                name, value = line.split(":")
+                out[name] = int(value, 16)
+    return out
+
+
 def drop_capabilities() -> None:
     """Give up every capability, for this process and whatever it executes (capabilities(7)):
     a grade that stays uid 0 (no uid of its own could be given) must not keep root's powers to
@@ -164,13 +198,14 @@ def drop_capabilities() -> None:
     sets. Files stay reachable as uid 0's by their permission bits."""
     if not has_capabilities():
         return
+    _drop_bounding()
     libc = ctypes.CDLL(None, use_errno=True)
-    for cap in range(64):  # EINVAL past the kernel's last capability: nothing to drop
-        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     data = (_CapData * 2)()
     if libc.capset(ctypes.byref(_CapHeader(_CAPABILITY_VERSION_3, 0)), data) != 0:
         raise OSError(ctypes.get_errno(), "capset: could not drop the capabilities")
 
 
-__all__ = ["Limits", "MB", "apply_rlimits", "become", "drop_capabilities",
-           "fork_server_preexec", "has_capabilities", "sandbox_uid"]
+__all__ = ["Limits", "MAX_RANKS", "MB", "UID_BASE", "apply_rlimits", "become",
+           "capability_sets", "drop_capabilities", "fork_server_preexec", "has_capabilities",
+           "rank_uid", "sandbox_uid"]

@@ -39,6 +39,10 @@ class Job:
     sources: dict[str, str] = field(default_factory=dict)
     landlock: bool = True
     seccomp: bool = True
+    unconfined: bool = False
+    """``grade --unconfined`` only: ranks without their own worlds, uids and namespaces (what the
+    host gives an unprivileged user); the report says loudly that the grade is not sandboxed.
+    Never set by batch or Gradescope."""
     device: str = "cpu"
     """"cpu" or "cuda" (`autograder.devices`): rank r of a cuda grade uses GPU r of `gpus`."""
     gpus: str = ""

@@ -76,7 +76,7 @@ def main(sock: socket.socket, spec: dict) -> NoReturn:
     link = backend.Link(sock)
     device = str(spec.get("device", "cpu"))  # the grader's choice: "cpu", or this rank's GPU
     try:
-        backend.install(link, rank, world_size, cuda=device.startswith("cuda"))
+        backend.install(link, rank, world_size, device=device)
     except BaseException as exc:  # noqa: BLE001
         _error(link, "setup", None, exc)
     code = Path(spec["code"])

@@ -15,6 +15,25 @@ namespaces give each rank its own. What neither sees, and the filter refuses wit
   answers ENOSYS so the C library falls back to ``clone``), ``io_uring`` (it can open
   sockets without calling ``socket``), ``ptrace``, ``process_vm_readv/writev``,
   ``pidfd_getfd``, ``perf_event_open``, ``bpf``, ``userfaultfd``;
+* metadata: ``chmod``, ``chown``, ``utime`` and ``setxattr``/``removexattr`` in every form
+  (fd, path, ``*at``, ``fchmodat2``, ``setxattrat``, ``file_setattr``). A rank's world refuses
+  them already outside its $HOME (read-only mounts: EROFS; files it does not own: EPERM), and
+  within its $HOME they reach nobody; refused here too, they cannot become a channel or a
+  privilege however a mount is set up. The second red team of issue 30 made a root-owned
+  binary setuid from a rank that ran as uid 0, and passed gradients between ranks through
+  extended attributes;
+* mounts: ``mount``, ``umount2``, ``pivot_root``, ``chroot`` and the new mount API
+  (``open_tree``, ``move_mount``, ``fsopen``, ``fsconfig``, ``fsmount``, ``fspick``,
+  ``mount_setattr``, ``open_tree_attr``): a rank has no capability to use them, and none may
+  change its world once built;
+* the shared page cache, as far as it is cheap to use (both ranks read the same library
+  files): evicting a file's pages (``fadvise64``; ``madvise`` ``MADV_COLD`` and
+  ``MADV_PAGEOUT``), asking which are cached (``cachestat``; ``preadv2`` with ``RWF_NOWAIT``).
+  Tried while building issue 30's worlds: rank 1 evicted and re-read pages of a file both bind,
+  rank 0 asked which were cached. Reading a page and timing a read remain (docs/grading.md,
+  "What it does not stop");
+* ``sysinfo``: the host's free memory and number of processes, both of which one rank can
+  move and another read;
 * calls that act on another process by pid (ranks may run as the grader's own uid, where the
   kernel lets one process of a uid change another's): ``pidfd_open``, ``pidfd_send_signal``,
   ``process_madvise``, ``process_mrelease``, ``kcmp``, ``ioprio_set``, and ``prlimit64``,
@@ -51,6 +70,20 @@ _CALLS = {
     "pidfd_getfd": (438, 438), "pidfd_open": (434, 434), "pidfd_send_signal": (424, 424),
     "process_madvise": (440, 440), "process_mrelease": (448, 448), "kcmp": (312, 272),
     "ioprio_set": (251, 30),
+    # metadata (aarch64 has only the *at forms)
+    "chmod": (90, None), "fchmod": (91, 52), "fchmodat": (268, 53), "fchmodat2": (452, 452),
+    "chown": (92, None), "fchown": (93, 55), "lchown": (94, None), "fchownat": (260, 54),
+    "utime": (132, None), "utimes": (235, None), "futimesat": (261, None),
+    "utimensat": (280, 88), "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7),
+    "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16),
+    "setxattrat": (463, 463), "removexattrat": (466, 466), "file_setattr": (469, 469),
+    # mounts
+    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51),
+    "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430),
+    "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
+    "mount_setattr": (442, 442), "open_tree_attr": (467, 467),
+    # host-wide state one rank can move and another read
+    "fadvise64": (221, 223), "cachestat": (451, 451), "sysinfo": (99, 179),
 }
 # name -> (x86_64, aarch64): allowed on the caller only (first argument, the pid, is 0).
 _SELF_ONLY = {
@@ -58,6 +91,9 @@ _SELF_ONLY = {
     "sched_setattr": (314, 274), "migrate_pages": (256, 238), "move_pages": (279, 239),
 }
 _FCNTL, _CLONE, _CLONE3 = (72, 25), (56, 220), (435, 435)
+_MADVISE, _PREADV2 = (28, 233), (327, 286)
+_MADV_REFUSED = (20, 21)  # MADV_COLD, MADV_PAGEOUT
+_RWF_NOWAIT = 0x8
 # fcntl commands: record locks (F_GETLK..F_SETLKW, the OFD forms), leases, directory notices.
 _FCNTL_REFUSED = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026)
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
@@ -65,7 +101,8 @@ _CLONE_NEW = 0x7E020080
 
 _LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
-_NR, _ARCH_OFF, _ARG0, _ARG1 = 0, 4, 16, 24  # struct seccomp_data (low words, little-endian)
+# struct seccomp_data: nr, arch, then the arguments' low words (little-endian) at 16 + 8·i
+_NR, _ARCH_OFF, _ARG0, _ARG1, _ARG2, _ARG5 = 0, 4, 16, 24, 32, 56
 
 
 def _ins(code: int, jt: int = 0, jf: int = 0, k: int = 0) -> tuple[int, int, int, int]:
@@ -94,6 +131,14 @@ def program(machine: str | None = None) -> list[tuple[int, int, int, int]] | Non
         fcntl += [_ins(_JEQ, 0, 1, cmd), deny]
     fcntl.append(_ins(_LD_W_ABS, k=_NR))
     out += [_ins(_JEQ, 0, len(fcntl), _FCNTL[col])] + fcntl
+    madvise = [_ins(_LD_W_ABS, k=_ARG2)]
+    for advice in _MADV_REFUSED:
+        madvise += [_ins(_JEQ, 0, 1, advice), deny]
+    madvise.append(_ins(_LD_W_ABS, k=_NR))
+    out += [_ins(_JEQ, 0, len(madvise), _MADVISE[col])] + madvise
+    nowait = [_ins(_LD_W_ABS, k=_ARG5), _ins(_JSET, 0, 1, _RWF_NOWAIT), deny,
+              _ins(_LD_W_ABS, k=_NR)]
+    out += [_ins(_JEQ, 0, len(nowait), _PREADV2[col])] + nowait
     clone = [_ins(_LD_W_ABS, k=_ARG0), _ins(_JSET, 0, 1, _CLONE_NEW), deny, _ins(_LD_W_ABS, k=_NR)]
     out += [_ins(_JEQ, 0, len(clone), _CLONE[col])] + clone
     out += [_ins(_JEQ, 0, 1, _CLONE3[col]), _ins(_RET, k=_ERRNO | errno.ENOSYS)]

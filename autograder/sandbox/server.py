@@ -21,17 +21,24 @@ class ServerLost(RuntimeError):
     """The fork server died or stopped answering."""
 
 
+class SandboxRefused(ServerLost):
+    """The fork server cannot build the sandbox on this host (its probe, or a rank's
+    namespaces, failed): no rank may run. The words say which layer and what to do."""
+
+
 class ForkServer:
     """One running fork server (trusted: it runs no student code)."""
 
     def __init__(self, *, group: PidsGroup | None, deadline: float, log: Path,
                  gpus: str = "") -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # gpus: the grade's GPU set ("" on a CPU grade: none visible); the server itself never
-        # initialises CUDA (a forked child could not use it), the ranks do.
+        # gpus: the grade's GPU set ("" on a CPU grade: none visible). The server must never
+        # initialise the CUDA driver (a child forked after that cannot use CUDA, nor run a
+        # backward once autograd has started its GPU threads); the ranks do. torch's
+        # availability check is answered from CUDA_VISIBLE_DEVICES and NVML, not by cuInit.
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1",
-               "CUDA_VISIBLE_DEVICES": gpus, "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8",
-               "PYTHONUNBUFFERED": "1"}
+               "CUDA_VISIBLE_DEVICES": gpus, "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+               "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
         self.control, self.log = ours, log
         with open(log, "wb") as err:  # the grader's own file: no rank can write or link it
             self.proc = subprocess.Popen(
@@ -73,12 +80,16 @@ class ForkServer:
 
     def fork(self, spec: dict, fds: list[int], deadline: float) -> list[int]:
         """Fork one rank per entry of ``spec["ranks"]``; `fds` are their (channel, stdout,
-        stderr) descriptors in order. Returns their pids."""
+        stderr) descriptors in order. Returns their pids; raises `SandboxRefused` where the
+        sandbox cannot be built."""
         try:
             socket.send_fds(self.control, [json.dumps({"fork": spec}).encode()], fds)
         except OSError as err:
             raise ServerLost(str(err)) from None
-        return [int(p) for p in self._next(deadline)["forked"]]
+        answer = self._next(deadline)
+        if "refused" in answer:
+            raise SandboxRefused(str(answer["refused"]))
+        return [int(p) for p in answer["forked"]]
 
     def poll(self) -> None:
         """Take the exit reports that arrived (non-blocking) into `exits`."""
@@ -109,4 +120,4 @@ class ForkServer:
         self.proc.wait()
 
 
-__all__ = ["ForkServer", "ServerLost"]
+__all__ = ["ForkServer", "SandboxRefused", "ServerLost"]

@@ -27,7 +27,8 @@ from .cgroup import PidsGroup
 from .launch import LIMIT_KINDS, run_launch
 from .plan import Job, LaunchPlan
 from .limits import Limits, sandbox_uid
-from .server import ForkServer, ServerLost
+from .server import ForkServer, SandboxRefused, ServerLost
+from .summary import describe
 from .watchdog import children_of, reap
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -69,34 +70,6 @@ def _raise_open_files() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
-def describe(confined: dict, group: PidsGroup | None, uid: int | None,
-             scratch_tmpfs: bool) -> tuple[str, list[str]]:
-    """(what the sandbox was, what it lacked) from rank 0's confinement report."""
-    have, missing = [], []
-    abi = int(confined.get("landlock", 0) or 0)
-    if abi:
-        have.append(f"landlock v{abi} ({', '.join(confined.get('features', []))})")
-        if abi < 4:
-            missing.append("Landlock TCP rules (kernel < 6.7)")
-        if abi < 6:
-            missing.append("Landlock signal and abstract-socket scopes (kernel < 6.12)")
-    else:
-        missing.append("Landlock (a rank can read every file its user can)")
-    how = confined.get("namespaces") or ""
-    (have if how else missing).append(f"network and IPC namespace per rank ({how})" if how else
-                                      "network and IPC namespaces per rank")
-    (have if confined.get("seccomp") else missing).append("seccomp filter")
-    if uid is not None:
-        have.append(f"uid {uid}")
-    elif confined.get("capabilities"):
-        missing.append("dropping capabilities")
-    else:
-        have.append("no capabilities")
-    (have if group is not None else missing).append("pids cgroup")
-    (have if scratch_tmpfs else missing).append("tmpfs scratch folders")
-    return ", ".join(have), missing
-
-
 def run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Path, *,
                 on_record: Callable[[GroupRecord], None] | None = None) -> RunResult:
     """Run every launch of `plans` (in order) in the sandbox; see the module docstring.
@@ -124,12 +97,13 @@ def _run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Pat
     server_group = grade_group.child("server") if grade_group else None
     server: ForkServer | None = None
     skip: dict[int, Failure] = {}
+    refused: Failure | None = None  # the sandbox cannot be built here: no launch runs
     confined: dict | None = None
     try:
         for number, plan in enumerate(plans):
             key = plan.key
-            if key.check in skip:
-                record = GroupRecord(key, failure=skip[key.check])
+            if refused is not None or key.check in skip:
+                record = GroupRecord(key, failure=refused or skip[key.check])
             elif time.monotonic() >= deadline:
                 record = GroupRecord(key, failure=Failure(
                     "wall_limit", f"Not run: the grade used up its total budget of "
@@ -146,6 +120,9 @@ def _run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Pat
                                               number=number, uid=uid, grade_group=grade_group,
                                               theirs=theirs, deadline=deadline)
                     confined = confined or seen or None
+                except SandboxRefused as err:
+                    refused = Failure("sandbox_unavailable", f"Not run: {err}")
+                    record = GroupRecord(key, failure=refused)
                 except ServerLost as err:
                     record = GroupRecord(key, failure=Failure(
                         "skipped", f"Not run: the grader's fork server stopped ({err})."))

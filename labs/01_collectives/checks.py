@@ -3,10 +3,10 @@
 Judges run in the grader: expected values are computed in float64 from the inputs the grader
 made and sent to each rank (`harness.make_inputs`, from the grade's secret), and traffic is what
 the grader's courier saw: counts, bytes, and each message's values, which must be a chunk or a
-partial sum of the ranks' inputs (`feedback.unexplained_message`). REFERENCES.md: ring
-all-reduce 2(p−1) messages, 2(p−1)/p·X bytes per rank; ring reduce-scatter / all-gather p − 1
-messages, (p−1)/p·X; binomial-tree broadcast ⌈log₂ p⌉ sends at most per rank, every other rank
-receiving X once.
+partial sum of the ranks' inputs (`feedback.unexplained_message`). The counts (Thakur,
+Rabenseifner & Gropp, IJHPCA 2005; `toolkit.cost.models`): ring all-reduce 2(p−1) messages,
+2(p−1)/p·X bytes per rank; ring reduce-scatter / all-gather p − 1 messages, (p−1)/p·X;
+binomial-tree broadcast ⌈log₂ p⌉ sends at most per rank, every other rank receiving X once.
 """
 
 from __future__ import annotations

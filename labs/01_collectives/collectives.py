@@ -6,7 +6,7 @@ Implement the four functions below with `dist.send` / `dist.recv` / `dist.isend`
 detects both. Every function works on the default process group, for any world size p ≥ 1,
 any number of elements n (also n not divisible by p, and n < p), and float dtypes.
 
-Run `autograder grade labs/01_collectives/` to check your work; README.md explains each check.
+Run `autograder grade .` in this folder to check your work; README.md explains each check.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Allowed: `dist.all_reduce`, `dist.broadcast` (and `dist.barrier`). `toolkit.data
 (the course's own DDP) cannot be imported in the grader's ranks. All parameters share one
 dtype (float32 in the checks).
 
-Run `autograder grade labs/02_ddp/` to check your work; README.md explains each check.
+Run `autograder grade .` in this folder to check your work; README.md explains each check.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ You may call these torch.distributed collectives on the default group: `all_gath
 answers) is off limits: the grader refuses the import. Every rank trains on its own, equal
 slice of the batch, so the gradient to apply is the *mean* over ranks.
 
-Run `autograder grade labs/03_sharded_optimizer/` to check your work; README.md explains each
+Run `autograder grade .` in this folder to check your work; README.md explains each
 check.
 """
 

@@ -11,7 +11,7 @@ The zero-bubble part (`zb_h1`) splits each backward in two: "B3" computes the gr
 stage's input for micro-batch 3 (the previous stage waits for it), "W3" the gradient of the
 stage's weights (nobody waits for it until the optimizer step).
 
-Run `autograder grade labs/04_pipeline_schedule/` to check your work (README.md explains each
+Run `autograder grade .` in this folder to check your work (README.md explains each
 check); `playground.ipynb` draws your schedules as Gantt charts.
 """
 

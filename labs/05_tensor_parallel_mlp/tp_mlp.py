@@ -14,7 +14,7 @@ operators carry all the communication, each the other's mirror image:
 
 Use ``dist.all_reduce`` only (no other collective; `toolkit.tensor_parallel` is off limits).
 Every function runs on each of the p ranks of the default process group; sizes divide by p.
-Run `autograder grade labs/05_tensor_parallel_mlp/` to check your work (README.md explains each
+Run `autograder grade .` in this folder to check your work (README.md explains each
 check); `playground.ipynb` runs your layers on real ranks next to the dense ones.
 """
 

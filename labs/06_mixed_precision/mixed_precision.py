@@ -20,7 +20,7 @@ some rank found an inf/NaN, no step on any rank; finally the scale's update.
 
 Use ``dist.all_reduce`` only (`toolkit.precision`, the course's own answer, is off limits).
 Create every tensor on the device of the data it belongs to (``device=p.device``, ``*_like``).
-Run `autograder grade labs/06_mixed_precision/` to check your work (README.md explains each
+Run `autograder grade .` in this folder to check your work (README.md explains each
 check); `playground.ipynb` trains a small model with your step on real ranks.
 """
 

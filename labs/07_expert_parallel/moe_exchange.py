@@ -21,7 +21,7 @@ no `all_to_all_single`); backward runs each exchange the other way, with the spl
 Shapes: x (T, d); expert, gate, kept (T, k); rows (N, d) grouped by local expert.
 Use ``dist.isend`` / ``dist.irecv`` only (no collective; `toolkit.expert_parallel`, the course's
 own answer, is off limits). Create every tensor on the device of its data.
-Run `autograder grade labs/07_expert_parallel/` to check your work (README.md explains each
+Run `autograder grade .` in this folder to check your work (README.md explains each
 check); `playground.ipynb` runs your layer on real ranks.
 """
 

@@ -151,13 +151,15 @@ def agree(g: GroupView, name: str, *, numel: int, dtype: torch.dtype, device: to
     A ring of 48-byte headers (numel, dtype, op, root): if any two ranks differ, some pair of
     neighbours differs and that rank raises, naming both sides, before any payload is sent.
     Uses the unrecorded send/recv (see the module docstring). The header lives on the payload's
-    `device`: NCCL moves CUDA tensors only.
+    `device` (NCCL moves CUDA tensors only), except on gloo, whose point-to-point moves host
+    memory only (ranks sharing a GPU): there it stays on the host.
     """
     if g.size == 1:
         return
     ops = ("",) + REDUCE_OPS
+    where = torch.device("cpu") if dist.get_backend(g.handle) == "gloo" else device
     mine = torch.tensor([numel, _dtype_code(dtype), ops.index(op), root, 0, 0], dtype=torch.int64,
-                        device=device)
+                        device=where)
     theirs = torch.empty_like(mine)
     left, right = (g.rank - 1) % g.size, (g.rank + 1) % g.size
     works = [patch.original("isend")(mine, g.peer(right), group=g.handle),

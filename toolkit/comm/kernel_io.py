@@ -2,9 +2,10 @@
 
 Every write to a socket, pipe or file counts, whoever makes it: Python, or C++ such as gloo's
 transport under torch DDP's reducer, which no Python wrapper sees. The difference of two readings
-taken around some work is what the process wrote meanwhile (PLATFORM_FACTS: it matches the
-bytes a rank sends to ±0.01 %). Lesson 16 sets it beside the recorder. (The grader does not
-need it: its courier carries every byte between ranks itself.)
+taken around some work is what the process wrote meanwhile: a 4 MiB gloo send adds the 4 MiB
+and gloo's headers (96 bytes more, measured here; `tests/test_kernel_io.py` allows a few KB).
+Lesson 16 sets it beside the recorder. (The grader does not need it: its courier carries every
+byte between ranks itself.)
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ recorded again: only the outermost call a user made counts.
 (the sliced ring): it posts on the process group as torch's function does and records through
 the same `_call_recorded` as the wrappers, so the events are the same.
 
+send/recv/isend/irecv of a GPU tensor on a gloo group (ranks sharing GPUs) are staged through
+host memory by `toolkit.comm.staging`, whether or not a recording is active; the event still
+describes the caller's tensor.
+
 Not seen: traffic that never enters the Python API: torch DDP's C++ reducer, DTensor's
 functional collectives, NCCL calls from C++ extensions. Code that did
 ``from torch.distributed import send`` *before* `install()` ran holds the unwrapped function;
@@ -39,6 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from . import staging
 from .events import Event, Trace
 from .inflight import InflightBoard
 from .recorder import RECORDER
@@ -159,6 +164,17 @@ def _call_recorded(name: str, spec: _Spec, call: Callable[[], Any], payload: Any
     rank = rec.rank if rec.rank is not None else dist.get_rank()
     seq = next(rec.seq)
 
+    offset, values = 0, None
+    p2p = name in ("send", "isend", "recv", "irecv")
+    if rec.sinks and p2p and isinstance(payload, torch.Tensor):
+        offset = payload.storage_offset()
+        limit = rec.values_limit
+        if limit and name in ("send", "isend") and payload.numel() <= limit and not payload.is_meta:
+            # Host numbers, never a tensor: events must come back on the CPU. Read before the
+            # send is posted: what it carries. Read after, a receive already pending into the
+            # same memory (an in-place all-gather) may have landed there meanwhile.
+            values = tuple(payload.detach().reshape(-1).cpu().tolist())
+
     if board is not None:
         board.post(rank, seq, name, peer, nbytes, dtype)
     start = time.time()
@@ -174,19 +190,6 @@ def _call_recorded(name: str, spec: _Spec, call: Callable[[], Any], payload: Any
 
     kept: list[Event] = []
     if rec.sinks:
-        offset, values = 0, None
-        if spec.peer in ("dst", "src") and name in ("send", "isend", "recv", "irecv"):
-            t = payload
-            if isinstance(t, torch.Tensor):
-                offset = t.storage_offset()
-                limit = rec.values_limit
-                if (limit and name in ("send", "isend") and t.numel() <= limit
-                        and not t.is_meta):
-                    # Host numbers, never a tensor: events must come back on the CPU. On
-                    # CUDA the copy runs on the current stream after the send was queued;
-                    # both only read the tensor, which the caller may not change before
-                    # wait() anyway.
-                    values = tuple(t.detach().reshape(-1).cpu().tolist())
         kept = rec.add(Event(rank, seq, name, peer, nbytes, dtype, shape, start,
                              None if is_async else time.time(), _group_ranks(group),
                              is_async, offset, values))
@@ -201,6 +204,7 @@ def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
     default = {p.name: (None if p.default is inspect.Parameter.empty else p.default)
                for p in params}
     rec, tls = RECORDER, RECORDER.tls  # looked up once: a hot path
+    staged = name in staging.STAGED_OPS
 
     def arg(args: tuple, kwargs: dict, key: str | None) -> Any:
         if key is None or key not in index:
@@ -210,8 +214,13 @@ def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
 
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        call = None
+        if staged:  # a GPU tensor on gloo goes through host memory (toolkit.comm.staging)
+            tensor = args[0] if args else kwargs.get("tensor")
+            if staging.wanted(tensor, arg(args, kwargs, "group")):
+                call = functools.partial(staging.call, name, orig, tensor, args, kwargs)
         if tls.depth or (rec.board is None and not rec.sinks):  # idle: the cheap path
-            return orig(*args, **kwargs)
+            return orig(*args, **kwargs) if call is None else call()
         group = arg(args, kwargs, "group")
         peer = arg(args, kwargs, spec.peer)
         if peer is None:
@@ -219,7 +228,7 @@ def _make_wrapper(name: str, orig: Callable, spec: _Spec) -> Callable:
             if group_peer is not None:
                 peer = dist.get_global_rank(group, group_peer) if group is not None else group_peer
         is_async = spec.always_async or bool(arg(args, kwargs, "async_op"))
-        return _call_recorded(name, spec, lambda: orig(*args, **kwargs),
+        return _call_recorded(name, spec, call or (lambda: orig(*args, **kwargs)),
                               arg(args, kwargs, spec.payload), group, peer, is_async)
 
     wrapper.__toolkit_wrapped__ = True  # type: ignore[attr-defined]

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from . import staging
 from .patch import SPECS, _call_recorded
 from .recorder import RECORDER
 
@@ -36,11 +37,16 @@ def post_p2p(name: str, tensor: torch.Tensor, peer: int, group: Any, group_peer:
 
     Falls back to the function itself whenever that could differ: a replacement installed
     in place of torch's (the wrapper's or torch's own are the only ones known), a tensor
-    subclass (``__torch_function__``), a complex tensor (torch sends it as real pairs).
+    subclass (``__torch_function__``), a complex tensor (torch sends it as real pairs), a
+    GPU tensor on gloo (staged through host memory, `toolkit.comm.staging`).
     """
     fn = getattr(dist, name)
     wrapped = getattr(fn, "__toolkit_wrapped__", False)
     inner = RECORDER.originals.get(name) if wrapped else fn
+    if staging.wanted(tensor, group):  # a GPU tensor on gloo: through host memory
+        if wrapped:
+            return fn(tensor, peer, group=group)
+        return staging.call(name, fn, tensor, (tensor, peer), {"group": group})
     if (not _torchs_own(inner, name) or type(tensor) is not torch.Tensor
             or tensor.is_complex()):
         return fn(tensor, peer, group=group)

@@ -30,12 +30,25 @@ weight gradient; a backward that is not split takes t_b + t_w):
   times idle per rank, idle fraction (p − 2)/(2m + p − 2), counted as the paper does: forward
   and backward of equal length, m = p (one basic unit); activations from p/2 + 1 (ranks 0 and
   p − 1) to p micro-batches (the middle ranks); two stages' weights per rank.
+* ZB-V (Qi et al., arXiv:2401.10241, the version that adds it; the authors' comparison table,
+  t_F = t_B = t_W): two chunks per rank in a V, every backward split; bubble 0 counted from each
+  stage's first op, activations 1× 1F1B's (p micro-batches on every stage), pipeline messages
+  2×. In one step each stage still waits for the fill: the last one's first input arrives after
+  p − 1 chunk forwards, (p − 1)·t_f/2 (what `bubble_time` returns; the toolkit's `zb_v` reaches
+  it at equal times).
+* DualPipe (DeepSeek-V3 technical report, section 3.2.1, Table 2), p even, m ≥ 2p micro-batches
+  in both directions: bubble (p/2 − 1)(F&B + B − 3W) with F a chunk's forward, B its whole
+  backward (t_b + t_w), W its weight part and F&B an overlapped forward-and-backward pair; with
+  free messages overlap hides nothing, F&B = F + B, and the bubble is (p/2 − 1)(t_f + 2t_b −
+  t_w); parameters 2× (two stages per rank, as Chimera); activations p + 1 micro-batches.
 * TeraPipe (Li et al., ICML 2021, section 3.3): with n token slices taking t_1 … t_n (forward
   plus backward through one stage), one step takes Σ t_i + (p − 1)·max t_j; equal slices give
   GPipe's (p − 1)/(n + p − 1). Every slice is held until its backward (n per stage).
 
-Each formula assumes what its paper assumes: equal stages and free messages, and for ZB-H1
-t_w ≤ t_f (else W cannot fill the drain; `toolkit.pipeline.simulate` shows by how much).
+Each formula assumes what its paper assumes: equal stages and free messages, for ZB-H1
+t_w ≤ t_f (else W cannot fill the drain; `toolkit.pipeline.simulate` shows by how much), for
+ZB-V t_f = t_b = t_w, for DualPipe t_f ≤ t_b and t_w ≤ t_b with each F&B pair starting once
+both its inputs are in (`simulate(..., pairs=True)`).
 """
 
 from __future__ import annotations
@@ -54,15 +67,23 @@ def check_sizes(owner: str, p: int, m: int, v: int = 1) -> None:
 
 
 _CLASSIC = ("naive", "gpipe", "1f1b", "interleaved", "terapipe")
-_ALL = _CLASSIC + ("zbh1", "chimera")
+_ALL = _CLASSIC + ("zbh1", "zbv", "chimera", "dualpipe")
+_TIMED = ("zbh1", "zbv", "dualpipe")         # bubbles that depend on t_f, t_b, t_w
 
 
 def _key(owner: str, schedule: str) -> str:
     key = str(schedule).lower().replace("-", "").replace("_", "")
     if key not in _ALL:
         raise ValueError(f"{owner}: unknown schedule {schedule!r}; choose naive, gpipe, 1f1b, "
-                         f"interleaved, zb-h1, chimera or terapipe")
+                         f"interleaved, zb-h1, zb-v, chimera, dualpipe or terapipe")
     return key
+
+
+def _even(owner: str, name: str, p: int, m: int | None = None) -> None:
+    if p % 2 or (m is not None and (m % 2 or m < 2 * p)):
+        more = "" if m is None else " and m (micro-batches, both directions) even and >= 2p"
+        raise ValueError(f"{owner}: {name} needs an even p (stages){more}, got p = {p}"
+                         + ("" if m is None else f", m = {m}"))
 
 
 def _times(owner: str, forward: float, backward: float, weight: float) -> None:
@@ -78,7 +99,9 @@ def bubble_time(schedule: str, *, p: int, m: int = 1, v: int = 1, forward: float
     docstring): (p−1)(t_f + t_b + t_w)/v for naive (m = 1), GPipe, 1F1B, interleaved (v) and
     TeraPipe with equal slices; (p−1)(t_f + t_b − t_w) for ZB-H1; (p−2)(t_f + t_b + t_w)/2 for
     Chimera. `backward` is the input-gradient part and `weight` the weight-gradient part of
-    a backward (leave `weight` 0 and `backward` the whole backward for unsplit schedules)."""
+    a backward (leave `weight` 0 and `backward` the whole backward for unsplit schedules).
+    ZB-V: (p−1)·t_F/2, the fill (0 counted from each stage's first op); DualPipe (p even):
+    (p/2−1)(F&B + B − 3W) with B = t_B + t_W, W = t_W and F&B = t_F + B."""
     check_sizes("bubble_time", p, m, v)
     _times("bubble_time", forward, backward, weight)
     key = _key("bubble_time", schedule)
@@ -86,6 +109,12 @@ def bubble_time(schedule: str, *, p: int, m: int = 1, v: int = 1, forward: float
         v = 1
     if key == "zbh1":
         return (p - 1) * (forward + backward - weight)
+    if key == "zbv":
+        return (p - 1) * forward / 2
+    if key == "dualpipe":
+        _even("bubble_time", "DualPipe", p)
+        whole = backward + weight                    # DeepSeek's B: the whole backward
+        return (p / 2 - 1) * ((forward + whole) + whole - 3 * weight)
     if key == "chimera":
         if p % 2:
             raise ValueError(f"bubble_time: Chimera needs an even p (stages), got p = {p}")
@@ -109,15 +138,16 @@ def bubble_fraction(schedule: str, *, p: int, m: int = 1, v: int = 1,
     """The idle fraction of the total time that theory predicts for `schedule` (equal stages,
     free communication): (p−1)/(m+p−1) for naive (m = 1), GPipe, 1F1B and TeraPipe with equal
     slices; (p−1)/(v·m+p−1) for interleaved, which needs p to divide m (else a ValueError:
-    `simulate` gives the truth); (p−2)/(2m+p−2) for Chimera (p even); for ZB-H1 it depends on
-    the op times, so pass `forward`, `backward` (input gradient) and `weight`."""
+    `simulate` gives the truth); (p−2)/(2m+p−2) for Chimera (p even); for ZB-H1, ZB-V and
+    DualPipe it depends on the op times, so pass `forward`, `backward` (input gradient) and
+    `weight` (`bubble_time` over `step_time`)."""
     check_sizes("bubble_fraction", p, m, v)
     key = _key("bubble_fraction", schedule)
-    if key == "zbh1":
+    if key in _TIMED:
         if None in (forward, backward, weight):
-            raise ValueError("bubble_fraction: ZB-H1's bubble depends on the op times; pass "
-                             "forward=, backward= (input gradient, B) and weight= (W), e.g. "
-                             "1, 1, 1")
+            raise ValueError(f"bubble_fraction: the bubble of {schedule!r} depends on the op "
+                             f"times; pass forward=, backward= (input gradient, B) and weight= "
+                             f"(W), e.g. 1, 1, 1")
         return bubble_time(schedule, p=p, m=m, forward=forward, backward=backward,
                            weight=weight) / step_time(schedule, p=p, m=m, forward=forward,
                                                       backward=backward, weight=weight)
@@ -168,7 +198,9 @@ def peak_activations(schedule: str, *, p: int, m: int, stage: int = 0, v: int = 
     interleaved min(2(p − stage − 1) + (v − 1)p + 1, v·m) / v; ZB-H1 (m ≥ p) p − stage whole
     micro-batches and `stage` between their B and their W, each counted `weight_share` (M_W/M_B
     in Qi et al., Table 1); Chimera (m = p) min(p − stage, m/2) + min(stage + 1, m/2) (its
-    two pipelines' 1F1B on this rank)."""
+    two pipelines' 1F1B on this rank); ZB-V (m ≥ 2p) p, 1F1B's stage 0 on every stage (2p
+    half-stage chunk sets, a set past its B counting 1/2, as `zb_v` counts them); DualPipe
+    (m ≥ 2p, p even) p + 1 (DeepSeek-V3, Table 2)."""
     check_sizes("peak_activations", p, m, v)
     if not 0 <= stage < p:
         raise ValueError(f"peak_activations: stage must be in 0 … {p - 1}, got {stage}")
@@ -186,6 +218,15 @@ def peak_activations(schedule: str, *, p: int, m: int, stage: int = 0, v: int = 
             raise ValueError(f"peak_activations: the ZB-H1 count is for m >= p (got m={m}, "
                              f"p={p}); count a built schedule with toolkit.pipeline.peak_held")
         return (p - stage) + stage * weight_share
+    if key in ("zbv", "dualpipe"):
+        if m < 2 * p:
+            raise ValueError(f"peak_activations: the {schedule} count is for m >= 2p (got "
+                             f"m={m}, p={p}); count a built schedule with "
+                             f"toolkit.pipeline.peak_held")
+        if key == "zbv":
+            return p
+        _even("peak_activations", "DualPipe", p, m)
+        return p + 1
     if p % 2 or m != p:
         raise ValueError(f"peak_activations: the Chimera count is for one basic unit, m = p "
                          f"even (got p={p}, m={m}); count a built schedule with "

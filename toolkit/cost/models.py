@@ -6,7 +6,7 @@ needs `a` message rounds and moves `b·n` bytes on its busiest path takes
     t = a·α + b·n·β          (n: bytes of the full tensor, as nccl-tests counts "size")
 
 so every model here is the pair of coefficients (a(p), b(p)) for p ranks (Thakur, Rabenseifner &
-Gropp, IJHPCA 2005; Patarasuk & Yuan, JPDC 2009; table in REFERENCES.md):
+Gropp, IJHPCA 2005; Patarasuk & Yuan, JPDC 2009):
 
 =========================  ========  ========  =======================================
 Compute (the additions of a reduction) is not modelled: on a CPU it is folded into the fitted β.

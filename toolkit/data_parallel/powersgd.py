@@ -49,7 +49,8 @@ from torch import Tensor
 from ..arguments import check_int, check_positive
 from ..cost.traffic import compresses
 
-__all__ = ["PowerSGDState", "in_order", "orthogonalize", "power_step", "powersgd_hook"]
+__all__ = ["PowerSGDState", "completed", "in_order", "orthogonalize", "power_step",
+           "powersgd_hook"]
 
 
 def orthogonalize(p: Tensor, *, epsilon: float = 1e-8) -> Tensor:
@@ -114,7 +115,9 @@ class PowerSGDState:
         return torch.randn(m, r, generator=gen, device=like.device, dtype=like.dtype)
 
 
-def _done(value: Tensor) -> torch.futures.Future[torch.Tensor]:
+def completed(value: Tensor) -> torch.futures.Future[torch.Tensor]:
+    """A future that already holds ``value``: what a hook returns once its collectives have
+    finished on the calling thread."""
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(value)
     return fut
@@ -142,7 +145,7 @@ def powersgd_hook(state: PowerSGDState,
     if step < state.start_iter:   # plain all-reduce for the first start_iter steps
         buffer.div_(world)
         dist.all_reduce(buffer, group=group)
-        return _done(buffer)
+        return completed(buffer)
 
     if state.error_feedback:
         if key not in state.errors:
@@ -202,7 +205,7 @@ def powersgd_hook(state: PowerSGDState,
     # Every collective was issued and waited for here, in this thread: the same order on every
     # rank. (A callback of the returned future must not wait on a gloo Work: it would run on
     # the process group's worker thread that completes that Work, and wait for itself.)
-    return _done(buffer)
+    return completed(buffer)
 
 
 def _split(flat: Tensor, shapes: list[torch.Size]) -> list[Tensor]:
@@ -220,6 +223,6 @@ def in_order(hook: Callable[[Any, Any], torch.futures.Future]
     bucket k+1's hook starts, so every rank issues them in the same order (the workaround for
     torch's ``powerSGD_hook`` on gloo; it gives up overlapping one bucket with the next)."""
     def ordered(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        return _done(hook(state, bucket).wait())
+        return completed(hook(state, bucket).wait())
     ordered.__name__ = f"in_order({getattr(hook, '__name__', 'hook')})"
     return ordered

@@ -24,8 +24,10 @@ the mean after `step()`.
 Sharding is *flat*: the trainable parameters of each param group are copied into one 1-D buffer,
 padded to N_d·⌈Ψ/N_d⌉ elements, and the module's parameters become views into it. Rank r owns
 the contiguous slice [r·S, (r+1)·S), S = ⌈Ψ/N_d⌉, so every rank holds the same number of
-elements whatever the parameter shapes. (torch's `ZeroRedundancyOptimizer` assigns whole
-parameters to ranks instead, which leaves the shards uneven: see PLATFORM_FACTS.md.) The inner
+elements whatever the parameter shapes. (torch's `ZeroRedundancyOptimizer` instead "uses a
+sorted-greedy algorithm to pack a number of parameters at each rank. Each parameter belongs to a
+single rank and is not divided among ranks" (its docstring), so a model of a few large and many
+small tensors gets uneven shards.) The inner
 optimizer steps on the shard as if it were one parameter, which equals stepping every parameter
 for element-wise optimizers (SGD, Adam, AdamW); not for those that look at a whole tensor
 (LAMB, Adafactor) or at the global gradient norm.

@@ -224,7 +224,8 @@ def _rows(per_rank, p: int, dtype: torch.dtype, backend: str, trials: dict) -> l
 def measure(cases: Iterable[tuple[str, str]], *, sizes: Sequence[int], world_sizes: Sequence[int],
             repeats: int = 5, max_repeats: int | None = None, tolerance: float = 0.03,
             warmup: int = 2, min_time: float = 0.005, dtype: torch.dtype = torch.float32,
-            backend: str = "auto", timeout: float = 600, progress: bool = False):
+            backend: str = "auto", device: str | None = None, timeout: float = 600,
+            progress: bool = False):
     """Time each (collective, algorithm) at each size (bytes) and world size; a DataFrame.
 
     `repeats`: rounds of alternating trials at least; `max_repeats` (default `repeats`): at most,
@@ -233,6 +234,8 @@ def measure(cases: Iterable[tuple[str, str]], *, sizes: Sequence[int], world_siz
     Columns: see the module docstring; seconds are per call, algbw and busbw bytes/s
     (nccl-tests definitions). Read a size as ``df["nbytes"]`` or through ``itertuples()``: on a
     row Series, ``row.nbytes`` is pandas' own attribute (the row's memory), not this column.
+    `backend` and `device` place the ranks as `toolkit.launch.spawn` does (``device="cuda"``
+    with fewer GPUs than ranks: gloo on shared GPUs).
     """
     max_repeats = repeats if max_repeats is None else max_repeats
     cases = _validate(cases, sizes, world_sizes, repeats, max_repeats, warmup, min_time,
@@ -243,7 +246,7 @@ def measure(cases: Iterable[tuple[str, str]], *, sizes: Sequence[int], world_siz
     for p in world_sizes:
         t0 = time.perf_counter()
         per_rank = spawn(_rank_sweep, int(p), cases, sizes, dtype, warmup, repeats, max_repeats,
-                         tolerance, min_time, backend=backend, timeout=timeout)
+                         tolerance, min_time, backend=backend, device=device, timeout=timeout)
         rows += _rows(per_rank, int(p), dtype, per_rank[0][1], trials)
         if progress:
             print(f"measured p={p}: {len(cases)} algorithms × {len(sizes)} sizes "

@@ -92,7 +92,10 @@ class Run:
 def _inner(variant: Variant, params: Sequence[torch.nn.Parameter]) -> torch.optim.Optimizer:
     if variant.inner == "sgd":
         return torch.optim.SGD(params, lr=variant.lr, momentum=0.9)
-    return torch.optim.AdamW(params, lr=variant.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    # foreach: one kernel per op over all tensors, not a Python loop per tensor (~25 % of a
+    # TinyGPT step on a CPU core); the same update, summed in another order.
+    return torch.optim.AdamW(params, lr=variant.lr, betas=(0.9, 0.95), weight_decay=0.1,
+                             foreach=True)
 
 
 def _train(rank: int, world_size: int, task: Task, variants: list[Variant], steps: int,

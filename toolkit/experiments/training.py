@@ -89,9 +89,10 @@ class TrainedRun:
     losses: list[float]
     """Training loss per step (this rank's batch)."""
     sent: list[int]
-    """Bytes this rank passed to all-reduce per step."""
+    """Bytes this rank passed to collectives per step (`toolkit.comm`'s rule: its inputs)."""
     calls: list[int]
-    """All-reduces per step."""
+    """Collectives per step (all-reduces; all-gathers and all-to-alls where compression
+    uses them)."""
     final: float
     """Loss of the final model on the held-out items."""
     equal: bool
@@ -113,9 +114,9 @@ def train_recorded(task: Task, model: nn.Module, forward: nn.Module, opt: torch.
             loss = task.loss(forward, xb, yb)
             loss.backward()
             opt.step()
-        reduces = trace.where(op="all_reduce")
-        sent.append(sum(e.nbytes for e in reduces))
-        calls.append(len(reduces))
+        collectives = [e for e in trace.events if e.kind == "collective"]
+        sent.append(sum(e.nbytes for e in collectives))
+        calls.append(len(collectives))
         losses.append(loss.item())
     with torch.no_grad():
         final = task.loss(model, *task.held_out(x, y)).item()

@@ -2,12 +2,18 @@
 
 The parent side of a launch. Choices, and why:
 
-* **Start method.** ``fork`` (Linux, CPU): a child is a copy of the caller, so a function
+* **Start method.** ``fork`` (Linux, gloo): a child is a copy of the caller, so a function
   defined in a notebook cell just works and 4 ranks start in about 0.1 s (importing torch in a
-  fresh interpreter costs ~1.5 s per rank on 2 cores). Fork is unsafe once CUDA is initialised,
-  so NCCL launches, a parent that has touched CUDA, and non-Linux hosts use ``spawn``: fresh
-  interpreters that receive the function pickled *by value* (cloudpickle), which also works for
-  functions defined in ``__main__`` or a notebook.
+  fresh interpreter costs ~1.5 s per rank on 2 cores). A child forked after this process
+  initialised the CUDA driver cannot use CUDA, nor run a backward pass once autograd has
+  started its GPU threads, so fork is chosen only while `gpus.driver_live()` says the driver is
+  untouched here (whoever might have touched it: a cell, a library, a backward pass), and
+  counting GPUs never touches it (`toolkit.launch.gpus`). Otherwise, for NCCL and on
+  non-Linux hosts, ``spawn``: fresh interpreters that receive the function pickled *by value*
+  (cloudpickle), which also works for functions defined in ``__main__`` or a notebook.
+* **Placement.** `context.resolve_placement`: gloo on the CPU, NCCL with a GPU per rank, or
+  gloo with the ranks sharing fewer GPUs (``device="cuda"``). CPU ranks get every GPU hidden
+  (`gpus.hidden_cuda_env`): nothing they run reaches a GPU.
 * **Rendezvous.** Through a `FileStore` in the launch's own temporary folder: there is no
   rendezvous port to pick, so launches running at the same time never collide (gloo's own
   sockets get ports from the OS). A TCPStore client stalled 5 s in ~8 % of launches here.
@@ -33,11 +39,9 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-import torch
-
 from .. import comm
-from . import safe_pickle, worker
-from .context import resolve_backend
+from . import gpus, safe_pickle, worker
+from .context import Placement, resolve_placement
 from .diagnose import failure_error, is_cause, timeout_error
 from .outcome import RankFailure, RankOutcome
 from .output import OutputPump
@@ -61,6 +65,7 @@ def spawn(
     world_size: int,
     *args: Any,
     backend: str = "auto",
+    device: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     start_method: str = "auto",
     seed: int | None = 0,
@@ -81,15 +86,20 @@ def spawn(
         *args: extra arguments for every rank.
         backend: ``"auto"`` (NCCL with one GPU per rank when there are enough GPUs, else gloo
             on CPU), ``"gloo"`` or ``"nccl"``.
+        device: ``"auto"`` (what ``backend="auto"`` says above), ``"cpu"`` or ``"cuda"``: the
+            GPUs there are, one per rank on NCCL when there are enough, else shared by the
+            ranks on gloo (rank r on ``cuda:(r mod G)``). None (the default) reads
+            ``$TOOLKIT_DEVICE`` (`toolkit.launch.context.default_device`), else ``"auto"``.
         timeout: seconds for the whole launch; past it every rank is stopped and
             `SpawnTimeout` says which ranks were still running and where.
-        start_method: ``"auto"`` (fork on Linux for gloo while CUDA is untouched, else spawn),
-            ``"fork"`` or ``"spawn"``.
+        start_method: ``"auto"`` (fork on Linux for gloo while this process's CUDA driver is
+            untouched, else spawn), ``"fork"`` or ``"spawn"``.
         seed: each rank seeds `random`, numpy and torch with ``seed + rank``; None leaves the
             generators as they are (a forked rank then copies the caller's state).
         threads: torch intra-op threads per rank; default 1 with fork, else cores / world_size.
         echo: show what ranks print (capped at 1 MB per rank); False keeps it for errors only.
-        env: extra environment variables for the ranks (e.g. ``TORCH_DISTRIBUTED_DEBUG``).
+        env: extra environment variables for the ranks (e.g. ``TORCH_DISTRIBUTED_DEBUG``);
+            CPU ranks see no GPU whatever it says.
         trusted: False when the ranks run code you do not trust (the autograder): what they
             send back is decoded as plain data only (`toolkit.launch.safe_pickle`), so a rank
             cannot make this process run anything, and a rank's exception is not rebuilt
@@ -108,16 +118,19 @@ def spawn(
     block's trace receives all of it when the launch returns.
     """
     _check_arguments(fn, world_size, args, timeout, seed, threads, env)
-    chosen = resolve_backend(backend, world_size)
-    method = _choose_start_method(start_method, chosen)
+    placement = resolve_placement(backend, device, world_size)
+    method = _choose_start_method(start_method, placement.backend)
     traces = comm.active_traces()
     if threads is None:
         threads = 1 if method == "fork" else max(1, (os.cpu_count() or 1) // world_size)
-    launch = _Launch(fn, args, world_size, chosen, method, float(timeout), echo, trusted)
+    launch = _Launch(fn, args, world_size, placement, method, float(timeout), echo, trusted)
+    rank_env = dict(env or {})
+    if placement.kind == "cpu":
+        rank_env.update(gpus.hidden_cuda_env())
     try:
         return launch.run(record=bool(traces), max_events=comm.patch.recording_cap(),
                           values=comm.patch.recording_values(), seed=seed, threads=threads,
-                          env=dict(env or {}))
+                          env=rank_env)
     finally:
         # Also after a failure: what the ranks that reported had recorded is worth drawing.
         comm.patch.deliver(launch.events(), launch.dropped(), traces)
@@ -160,12 +173,13 @@ def _choose_start_method(start_method: str, backend: str) -> str:
     if start_method not in START_METHODS:
         raise ValueError(f"spawn(start_method={start_method!r}): use one of "
                          f"{', '.join(map(repr, START_METHODS))}")
-    cuda_live = torch.cuda.is_available() and torch.cuda.is_initialized()
+    cuda_live = gpus.driver_live()  # however it happened: is_available(), a backward, a tensor
     if start_method == "fork":
         if backend == "nccl" or cuda_live:
             raise ValueError(
-                "spawn(start_method='fork') is unsafe with CUDA (NCCL backend, or CUDA already "
-                "initialised in this process): use start_method='spawn' or 'auto'")
+                "spawn(start_method='fork') is unsafe with CUDA (the NCCL backend, or the CUDA "
+                "driver already initialised in this process, e.g. by torch.cuda.is_available() "
+                "or a backward pass on a machine with GPUs): use start_method='spawn' or 'auto'")
         if not hasattr(os, "fork"):
             raise ValueError("this platform has no fork(); use start_method='spawn' or 'auto'")
         return "fork"
@@ -177,11 +191,11 @@ def _choose_start_method(start_method: str, backend: str) -> str:
 
 
 class _Launch:
-    def __init__(self, fn: Callable, args: tuple, world_size: int, backend: str, method: str,
-                 timeout: float, echo: bool, trusted: bool = True) -> None:
+    def __init__(self, fn: Callable, args: tuple, world_size: int, placement: Placement,
+                 method: str, timeout: float, echo: bool, trusted: bool = True) -> None:
         self.fn, self.args, self.world_size = fn, args, world_size
-        self.trusted = trusted
-        self.backend, self.method, self.timeout = backend, method, timeout
+        self.trusted, self.placement = trusted, placement
+        self.backend, self.method, self.timeout = placement.backend, method, timeout
         self.pump = OutputPump(world_size, echo=echo)
         self.ranks: list[RankProcess] = []
 
@@ -200,7 +214,8 @@ class _Launch:
                             pg_timeout=self.timeout + 15, record=record, max_events=max_events,
                             values=values,
                             workdir=workdir, seed=seed, threads=threads, env=env,
-                            parent_pid=os.getpid())
+                            parent_pid=os.getpid(), placement=self.placement.kind,
+                            gpus=self.placement.gpus)
             try:
                 self._start_all(spec, blob, workdir)
                 self._supervise(deadline, board)
@@ -241,7 +256,7 @@ class _Launch:
             if payload is None:
                 self.ranks.append(self._fork(replace(spec, rank=rank)))
             else:
-                self.ranks.append(self._popen(rank, payload))
+                self.ranks.append(self._popen(rank, payload, spec.env))
 
     def _fork(self, spec: RankSpec) -> RankProcess:
         for f in (sys.stdout, sys.stderr):  # or the child would print the parent's buffer again
@@ -278,8 +293,8 @@ class _Launch:
             pass
         return RankProcess(spec.rank, pid, {"out": out_r, "err": err_r, "res": res_r})
 
-    def _popen(self, rank: int, payload: str) -> RankProcess:
-        env = dict(os.environ)
+    def _popen(self, rank: int, payload: str, rank_env: dict[str, str]) -> RankProcess:
+        env = {**os.environ, **rank_env}  # from the start: before the child imports anything
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_ROOT, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
         code = "import sys; from toolkit.launch.worker import main; main(sys.argv[1:])"

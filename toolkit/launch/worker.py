@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NoReturn
 
 from .. import comm
-from .context import RankContext, rank_device, set_context
+from .context import Placement, RankContext, rank_device, set_context
 from .outcome import RankFailure, RankOutcome
 
 _HEADER = struct.Struct("<Q")  # frame length in bytes
@@ -50,7 +50,12 @@ class RankSpec:
     seed: int | None
     threads: int
     env: dict[str, str] = field(default_factory=dict)
+    """Set in the rank before anything else runs (a CPU rank's hidden GPUs among them)."""
     parent_pid: int = 0
+    placement: str = "cpu"
+    """`toolkit.launch.context.Placement.kind`: cpu, gpu (one per rank) or shared."""
+    gpus: int = 0
+    """GPUs the ranks use (shared: rank r on cuda:(r mod gpus))."""
 
     @property
     def board_path(self) -> str:
@@ -170,7 +175,8 @@ def _init_group(spec: RankSpec) -> None:
 
     board = comm.InflightBoard(spec.board_path, spec.world_size)
     comm.attach(spec.rank, board)
-    dev = rank_device(spec.backend, spec.rank)
+    placement = Placement(spec.backend, spec.placement, spec.gpus)
+    dev = rank_device(placement, spec.rank)
     timeout = datetime.timedelta(seconds=spec.pg_timeout)
     # A FileStore in the launch's private folder, not a TCPStore: no port to pick or collide
     # on. On this kind of machine a TCPStore client connect stalled for exactly 5 s (a name
@@ -188,7 +194,7 @@ def _init_group(spec: RankSpec) -> None:
     # 5 on a loaded 2-core machine). The unwrapped barrier: set-up, not the rank's traffic.
     comm.original("barrier")()
     set_context(RankContext(spec.rank, spec.world_size, spec.rank, spec.world_size,
-                            spec.backend, dev))
+                            spec.backend, dev, spec.placement))
 
 
 def _error_frame(kind: str, exc: BaseException, trace: Any) -> bytes:

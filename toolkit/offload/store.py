@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from ..arguments import check_int
+from ..launch.gpus import gpu_count
 
 TIERS = ("cpu", "nvme")
 """The off-device tiers a store can be: host memory, or a file (NVMe)."""
@@ -144,7 +145,7 @@ class HostStore(Store):
 
     def __init__(self, *, pin: bool = False) -> None:
         super().__init__()
-        if pin and not torch.cuda.is_available():
+        if pin and gpu_count() == 0:
             raise ValueError("HostStore: pin=True needs a GPU (page-locked memory exists for "
                              "DMA by a device); use pin=False on a CPU-only machine")
         self.pin = pin

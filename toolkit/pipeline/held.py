@@ -23,16 +23,16 @@ from .schedules import Schedule
 
 def _trace(schedule: Schedule, stage: int) -> list[tuple[int, int]]:
     """After each op of `stage`: (micro-batches forwarded and not backwarded, backwarded and not
-    through W). Without W ops the second count stays 0."""
+    through W). A whole backward (a B with no W on the stage) frees its micro-batch at once."""
     full = partial = 0
     out = []
-    split = schedule.split
+    split = schedule.split_on(stage)
     for op in schedule.stages[stage]:
         if op.kind == "F":
             full += 1
         elif op.kind == "B":
             full -= 1
-            partial += 1 if split else 0
+            partial += 1 if (op.mb, op.chunk) in split else 0
         else:
             partial -= 1
         out.append((full, partial))

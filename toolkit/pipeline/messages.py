@@ -71,6 +71,17 @@ class Routes:
         return None
 
 
+def sent_messages(schedule: Schedule) -> list[int]:
+    """Per stage, the messages it sends to other stages in one step (activations and input
+    gradients; W sends nothing, and a hand-over between chunks of one rank is no message)."""
+    out = []
+    for r, ops in enumerate(schedule.stages):
+        routes = Routes(schedule, r)
+        out.append(sum(1 for op in ops if (route := routes.outgoing(op)) is not None
+                       and route.peer != r))
+    return out
+
+
 @dataclass
 class _Posted:
     """A receive posted ahead: a message in flight (`work` into `buffer`), or one this rank
@@ -139,4 +150,4 @@ def swap(t: Tensor, peer: int, *, numel: int) -> Tensor:
     return got
 
 
-__all__ = ["Mailbox", "Route", "Routes", "swap", "tag"]
+__all__ = ["Mailbox", "Route", "Routes", "sent_messages", "swap", "tag"]

@@ -28,14 +28,22 @@ Notation (as in the papers): p stages (ranks), m micro-batches, v model chunks p
   stage run ahead to a chunk whose input comes after its own backward), so they raise.
 
 Layouts (how a rank's chunks sit in the model): ``"loop"``, Megatron's (chunk c of rank r is
-virtual stage c·p + r; every micro-batch visits all p·v of them), and ``"bidirectional"``,
-Chimera's (Li & Hoefler, SC 2021, section 3.1: two pipelines over the same p stages; chunk 0 of
-rank r is stage r of the *down* pipeline, chunk 1 is stage p−1−r of the *up* one; a micro-batch
-runs in one pipeline, the one its ops' chunk names). A schedule over token slices of one
-sequence (TeraPipe, Li et al., ICML 2021) sets ``sequence``: slice j's forward reads the keys and
-values of slices < j on the same stage, and its backward needs the gradients that slices > j
-send back into them. The schedules past 1F1B are in `zero_bubble`, `bidirectional` and
-`terapipe`; `catalog.make_schedule` builds any of them by name.
+virtual stage c·p + r; every micro-batch visits all p·v of them); ``"v"``, ZB-V's (Qi et al.,
+arXiv:2401.10241, the version that adds ZB-V: two chunks per rank, chunk 0 of rank r is virtual
+stage r and chunk 1 is virtual stage 2p−1−r, so a micro-batch goes down the ranks and back up
+and rank 0 holds both the first and the last stage); and ``"bidirectional"``, Chimera's (Li &
+Hoefler, SC 2021, section 3.1: two pipelines over the same p stages; chunk 0 of rank r is stage
+r of the *down* pipeline, chunk 1 is stage p−1−r of the *up* one; a micro-batch runs in one
+pipeline, the one its ops' chunk names), which DualPipe shares. A schedule over token slices of
+one sequence (TeraPipe, Li et al., ICML 2021) sets ``sequence``: slice j's forward reads the keys
+and values of slices < j on the same stage, and its backward needs the gradients that slices
+> j send back into them. The schedules past 1F1B are in `zero_bubble`, `v_shape`,
+`bidirectional`, `dualpipe` and `terapipe`; `catalog.make_schedule` builds any of them by name.
+
+Which backwards are split: a B whose W is on the same stage computes only the input gradient;
+a B without one is the whole backward. A schedule with W ops must give every B its W unless it
+sets ``mixed`` (DualPipe splits only the backwards whose W fills a gap; DeepSeek-V3 technical
+report, section 3.2.1, Figure 5).
 
 Text form: ``"F3"`` is the forward of micro-batch 3 (chunk 0), ``"B3.1"`` the backward of
 micro-batch 3 on chunk 1, ``"W3"`` its weight gradient. `as_schedule` turns lists of such
@@ -53,7 +61,7 @@ from ..cost.bubble import check_sizes
 
 OP_KINDS = ("F", "B", "W")
 """Op kinds: forward, backward (input gradient when the schedule has W ops), weight gradient."""
-LAYOUTS = ("loop", "bidirectional")
+LAYOUTS = ("loop", "v", "bidirectional")
 """How chunks map onto the model (see the module docstring)."""
 
 _TEXT = re.compile(r"^\s*([FBWfbw])\s*(\d+)(?:\.(\d+))?\s*$")
@@ -112,10 +120,16 @@ class Schedule:
     """``"loop"`` or ``"bidirectional"`` (see the module docstring)."""
     sequence: bool = False
     """Micro-batches are token slices of one sequence, in order (TeraPipe)."""
+    mixed: bool = False
+    """Some backwards whole, some split: a B with no W on its stage is the whole backward
+    (DualPipe); otherwise a schedule with W ops needs one for every B."""
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"Schedule: layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.layout != "loop" and self.v != 2:
+            raise ValueError(f"Schedule: the {self.layout!r} layout has two chunks per rank "
+                             f"(v = 2), got v = {self.v}")
 
     @property
     def p(self) -> int:
@@ -127,16 +141,20 @@ class Schedule:
         """Whether the backward is split into B (input gradient) and W (weight gradient)."""
         return any(op.kind == "W" for ops in self.stages for op in ops)
 
+    def split_on(self, stage: int) -> frozenset[tuple[int, int]]:
+        """The (micro-batch, chunk) pairs whose backward `stage` splits: those with a W there."""
+        return frozenset((op.mb, op.chunk) for op in self.stages[stage] if op.kind == "W")
+
     @property
     def depth(self) -> int:
-        """Stages a micro-batch passes through: p·v (loop) or p (bidirectional)."""
-        return self.p * self.v if self.layout == "loop" else self.p
+        """Stages a micro-batch passes through: p·v (loop, v) or p (bidirectional)."""
+        return self.p if self.layout == "bidirectional" else self.p * self.v
 
     @property
     def share(self) -> float:
-        """Fraction of a stage's layers one chunk holds: 1/v (loop), 1 (bidirectional: each
+        """Fraction of a stage's layers one chunk holds: 1/v (loop, v), 1 (bidirectional: each
         chunk is a whole stage of its pipeline)."""
-        return 1.0 / self.v if self.layout == "loop" else 1.0
+        return 1.0 if self.layout == "bidirectional" else 1.0 / self.v
 
     def __getitem__(self, stage: int) -> tuple[Op, ...]:
         return self.stages[stage]
@@ -150,9 +168,12 @@ class Schedule:
 
     def virtual_stage(self, stage: int, chunk: int) -> int:
         """Position of (rank `stage`, chunk `chunk`) on its micro-batches' path: chunk·p + stage
-        (loop, Megatron) or, bidirectional, stage (down, chunk 0) or p−1−stage (up, chunk 1)."""
+        (loop, Megatron); stage or 2p−1−stage (v: chunk 0 down, chunk 1 back up); or,
+        bidirectional, stage (down, chunk 0) or p−1−stage (up, chunk 1)."""
         if self.layout == "loop":
             return chunk * self.p + stage
+        if self.layout == "v":
+            return stage if chunk == 0 else 2 * self.p - 1 - stage
         return stage if chunk == 0 else self.p - 1 - stage
 
     def place(self, virtual: int, chunk: int = 0) -> tuple[int, int]:
@@ -160,6 +181,8 @@ class Schedule:
         are on `chunk` (which only the bidirectional layout needs: its pipeline)."""
         if self.layout == "loop":
             return virtual % self.p, virtual // self.p
+        if self.layout == "v":
+            return (virtual, 0) if virtual < self.p else (2 * self.p - 1 - virtual, 1)
         return (virtual, 0) if chunk == 0 else (self.p - 1 - virtual, 1)
 
     def pipe(self, mb: int) -> int:
@@ -173,25 +196,30 @@ class Schedule:
 
 def as_schedule(stages: Schedule | Iterable[Iterable[Op | str | Sequence]], *,
                 m: int | None = None, v: int | None = None, name: str = "custom",
-                layout: str | None = None, sequence: bool | None = None) -> Schedule:
+                layout: str | None = None, sequence: bool | None = None,
+                mixed: bool | None = None) -> Schedule:
     """A `Schedule` from per-stage lists of ops (`Op`, ``"F3"``, ``("B", 3)``, ``"W3"``, …).
 
-    m and v default to what the ops mention (largest micro-batch + 1, largest chunk + 1); pass
-    them when grading, so a schedule that forgets the last micro-batch is caught. `layout` and
-    `sequence` default to a given `Schedule`'s own, else ``"loop"`` and False.
+    m and v default to what the ops mention (largest micro-batch + 1, largest chunk + 1; 2 for
+    the two-chunk layouts); pass them when grading, so a schedule that forgets the last
+    micro-batch is caught. `layout`, `sequence` and `mixed` default to a given `Schedule`'s
+    own, else ``"loop"``, False and False.
     """
     if isinstance(stages, Schedule):
-        if m is None and v is None and layout is None and sequence is None:
+        if m is None and v is None and layout is None and sequence is None and mixed is None:
             return stages
         layout = stages.layout if layout is None else layout
         sequence = stages.sequence if sequence is None else sequence
+        mixed = stages.mixed if mixed is None else mixed
         stages, name = stages.stages, stages.name
     rows = tuple(tuple(as_op(item) for item in row) for row in stages)
     ops = [op for row in rows for op in row]
+    layout = layout or "loop"
     m = m if m is not None else (max((op.mb for op in ops), default=-1) + 1)
-    v = v if v is not None else (max((op.chunk for op in ops), default=0) + 1)
-    return Schedule(rows, m=m, v=v, name=name, layout=layout or "loop",
-                    sequence=bool(sequence))
+    if v is None:
+        v = 2 if layout != "loop" else max((op.chunk for op in ops), default=0) + 1
+    return Schedule(rows, m=m, v=v, name=name, layout=layout, sequence=bool(sequence),
+                    mixed=bool(mixed))
 
 
 def naive(p: int) -> Schedule:

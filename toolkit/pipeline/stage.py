@@ -3,9 +3,11 @@
 Layer assignment (`assign_layers`): with v = 1, p stages get ``tensor_split``'s shares of the
 layers (the first L mod p stages one layer more); with v > 1 every stage needs the same number of
 layers L/p and v must divide it: virtual stage k = c·p + r (chunk c of rank r, Megatron-LM's
-numbering, Narayanan et al. SC 2021 §2.2.2) holds layers [k·L/(pv), (k+1)·L/(pv)). In the
-bidirectional layout (Chimera, Li & Hoefler SC 2021 §3.1) rank r holds stage r's share (chunk 0,
-the down pipeline) and a replica of stage p−1−r's (chunk 1, the up pipeline).
+numbering, Narayanan et al. SC 2021 §2.2.2) holds layers [k·L/(pv), (k+1)·L/(pv)). In the V
+layout (ZB-V) the layers are cut into 2p virtual stages (``tensor_split``'s shares) and rank r
+holds virtual stages r (chunk 0) and 2p−1−r (chunk 1). In the bidirectional layout (Chimera,
+Li & Hoefler SC 2021 §3.1; DualPipe) rank r holds stage r's share (chunk 0, the down pipeline)
+and a replica of stage p−1−r's (chunk 1, the up pipeline).
 
 `run_stage` runs the rank's ops in order; each one is receive → compute → send:
 
@@ -14,8 +16,8 @@ the down pipeline) and a replica of stage p−1−r's (chunk 1, the up pipeline)
   The last position computes the loss, ``loss_fn(out, y_mb)`` scaled by rows(mb)/B, so the
   micro-batch losses add up to the full batch's mean loss and the gradients to its gradient.
 * B(mb) at k: dL/d(output) from k+1 (the last position starts from its loss), backward through
-  the chunk, dL/d(input) to k−1; with W ops in the schedule only the input gradient, and W(mb)
-  later adds the weight gradients (`toolkit.pipeline.compute`).
+  the chunk, dL/d(input) to k−1; when W(mb) is on the stage too, only the input gradient, and
+  W(mb) later adds the weight gradients (`toolkit.pipeline.compute`).
 
 After the last op, a bidirectional schedule's two replicas of each stage add their gradients:
 rank r and rank p−1−r swap the gradients of the replica they hold for the other (one message
@@ -53,6 +55,12 @@ def assign_layers(n_layers: int, *, p: int, v: int = 1,
     if layout == "bidirectional":
         stages = [range(start, stop) for start, stop in chunk_bounds(n_layers, p)]
         return [[stages[r], stages[p - 1 - r]] for r in range(p)]
+    if layout == "v":
+        if 2 * p > n_layers:
+            raise ValueError(f"the V layout cuts the model into 2p = {2 * p} chunks, more than "
+                             f"its {n_layers} layers; use p <= {n_layers // 2} or more layers")
+        parts = [range(start, stop) for start, stop in chunk_bounds(n_layers, 2 * p)]
+        return [[parts[r], parts[2 * p - 1 - r]] for r in range(p)]
     if v == 1:
         return [[range(start, stop)] for start, stop in chunk_bounds(n_layers, p)]
     if n_layers % p:
@@ -134,9 +142,9 @@ def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor
         raise ValueError(f"run_stage: the schedule has p = {s.p} stages but {world_size} ranks run")
     ranges = assign_layers(len(layers), p=s.p, v=s.v, layout=s.layout)
     routes = Routes(s, rank)
-    # The gradients this rank returns: all its chunks' (loop), or its own stage's, to which the
-    # replica's are added (bidirectional).
-    kept = ranges[rank] if s.layout == "loop" else ranges[rank][:1]
+    # The gradients this rank returns: all its chunks' (loop, v), or its own stage's, to which
+    # the replica's are added (bidirectional).
+    kept = ranges[rank][:1] if s.layout == "bidirectional" else ranges[rank]
     owned = {f"{i}.{name}": param for rng in kept for i in rng
              for name, param in layers[i].named_parameters() if param.requires_grad}
     for rng in ranges[rank]:
@@ -146,6 +154,7 @@ def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor
     chunks = [nn.Sequential(*(layers[i] for i in rng)) for rng in ranges[rank]]
     compute = StageCompute(chunks, [q for layer in layers for q in layer.parameters()], x, y,
                            s.m, loss_fn or _mse, s.depth - 1, split=s.split, retain=s.sequence)
+    split = s.split_on(rank)                    # the backwards this rank splits into B and W
     shapes = _shapes(layers, _layers_at(s, ranges), list(compute.micro_x))
     ops, mailbox, rows = s.stages[rank], Mailbox(rank, x.device), []
 
@@ -167,7 +176,7 @@ def run_stage(rank: int, world_size: int, layers: Sequence[nn.Module], x: Tensor
             sent = compute.forward(op, k, received).detach()
         elif op.kind == "W":
             sent = compute.backward_weight(op)  # nothing to send
-        elif s.split:
+        elif (op.mb, op.chunk) in split:
             sent = compute.backward_input(op, received)
         else:
             sent = compute.backward(op, received)

@@ -30,13 +30,9 @@ error         (`problems_by_case` only) the schedule function raised, or returne
 ``fn(p, m, v)``) on several sizes and collects the problems of each, so a lab's grader can name
 the mistake ("backward before forward at p = 2, m = 4") instead of timing out on real ranks.
 
-Dependencies (position k on a micro-batch's path, K = `Schedule.depth` positions; k = chunk·p
-+ rank in the loop layout): F(mb) on k needs the activation of F(mb) on k−1; B(mb) on k needs
-the gradient of B(mb) on k+1, and B(mb) on the last position needs that stage's own F(mb) (the
-loss); W(mb) needs its own B(mb) on the same stage (the output gradient B received), and sends
-nothing. Sends never block (isend); a stage blocks only when its next op's input has not been
-sent yet. So a schedule is deadlock-free exactly when this simulation runs every op. What a
-stage holds while it runs (`in_flight`, `peak_held`) is in `toolkit.pipeline.held`.
+Who waits for whom (`needs`) and the simulation of sends and receives that finds deadlocks
+(`run_order`) are in `toolkit.pipeline.dependencies`; what a stage holds while it runs
+(`in_flight`, `peak_held`) is in `toolkit.pipeline.held`.
 """
 
 from __future__ import annotations
@@ -45,6 +41,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from .dependencies import needs, run_order
 from .held import in_flight
 from .schedules import OP_KINDS, Op, Schedule, as_schedule
 
@@ -75,23 +72,6 @@ class ScheduleError(ValueError):
         super().__init__("the schedule cannot run:\n" + "\n".join(f"- {p}" for p in problems))
 
 
-def needs(schedule: Schedule, stage: int, op: Op) -> tuple[int, Op] | None:
-    """The (stage, op) whose output `op` on `stage` waits for, or None (the first stage's
-    forwards)."""
-    if op.kind == "W":
-        return stage, Op("B", op.mb, op.chunk)      # the output gradient its B received
-    k, last = schedule.virtual_stage(stage, op.chunk), schedule.depth - 1
-    if op.kind == "F":
-        if k == 0:
-            return None
-        src, chunk = schedule.place(k - 1, op.chunk)
-        return src, Op("F", op.mb, chunk)
-    if k == last:
-        return stage, Op("F", op.mb, op.chunk)      # the loss: this stage's own forward
-    src, chunk = schedule.place(k + 1, op.chunk)
-    return src, Op("B", op.mb, chunk)
-
-
 def _expected(s: Schedule) -> list[tuple[int, int]]:
     """The (micro-batch, chunk) pairs whose ops every stage must run: every chunk of every
     micro-batch (loop), or each micro-batch on the chunk of its pipeline (bidirectional)."""
@@ -108,7 +88,7 @@ def _structure(s: Schedule, p: int | None) -> list[Problem]:
     if p is not None and s.p != p:
         out.append(Problem("shape", f"the schedule has {s.p} stages, expected p = {p} "
                                     f"(one list of ops per stage)"))
-    kinds = OP_KINDS if s.split else ("F", "B")
+    kinds = OP_KINDS if s.split and not s.mixed else ("F", "B")   # mixed: a B alone is whole
     kinds_text = "F, B or W" if s.split else "F or B"
     expected = _expected(s)
     for r, ops in enumerate(s.stages):
@@ -217,30 +197,6 @@ def _seq(ops: Sequence[Op]) -> str:
     return "[" + ", ".join(str(op)[1:] for op in ops) + "]"
 
 
-def run_order(schedule: Schedule) -> tuple[list[tuple[int, int]], dict[int, int]]:
-    """Simulate the sends and receives: every stage runs its next op as soon as that op's input
-    exists. Returns the (stage, step) pairs in one possible run order, and, for each stage that
-    got stuck, the step it is stuck at (empty when every op ran)."""
-    s = schedule
-    done: set[tuple[int, Op]] = set()
-    pos, order = [0] * s.p, []
-    progress = True
-    while progress:
-        progress = False
-        for r in range(s.p):
-            while pos[r] < len(s.stages[r]):
-                op = s.stages[r][pos[r]]
-                dep = needs(s, r, op)
-                if dep is not None and dep not in done:
-                    break
-                done.add((r, op))
-                order.append((r, pos[r]))
-                pos[r] += 1
-                progress = True
-    stuck = {r: pos[r] for r in range(s.p) if pos[r] < len(s.stages[r])}
-    return order, stuck
-
-
 def _deadlock(s: Schedule) -> list[Problem]:
     _, stuck = run_order(s)
     if not stuck:
@@ -261,17 +217,17 @@ def _deadlock(s: Schedule) -> list[Problem]:
 def problems(schedule: Schedule | Iterable[Iterable[Op | str | Sequence]], *,
              p: int | None = None, m: int | None = None, v: int | None = None,
              max_in_flight: int | None = None, layout: str | None = None,
-             sequence: bool | None = None) -> list[Problem]:
+             sequence: bool | None = None, mixed: bool | None = None) -> list[Problem]:
     """Everything wrong with `schedule` (see the module docstring); [] when it can run.
 
     Pass p, m and v (stages, micro-batches, chunks) when grading a student's lists, so missing
     micro-batches or stages are caught; `max_in_flight` bounds, on every stage, the micro-batches
     forwarded but not yet released (their B, or their W when the schedule has W ops; 1F1B: p).
-    `layout` and `sequence` describe plain lists (see `toolkit.pipeline.schedules`). Later
+    `layout`, `sequence` and `mixed` describe plain lists (see `toolkit.pipeline.schedules`). Later
     checks run only when the earlier ones pass: a deadlock is only looked for in a schedule whose
     ops are all there and in order.
     """
-    s = as_schedule(schedule, m=m, v=v, layout=layout, sequence=sequence)
+    s = as_schedule(schedule, m=m, v=v, layout=layout, sequence=sequence, mixed=mixed)
     found = _structure(s, p)
     if not found:
         found = _order(s)
@@ -290,13 +246,13 @@ def problems(schedule: Schedule | Iterable[Iterable[Op | str | Sequence]], *,
 def check_schedule(schedule: Schedule | Iterable[Iterable[Op | str | Sequence]], *,
                    p: int | None = None, m: int | None = None, v: int | None = None,
                    max_in_flight: int | None = None, layout: str | None = None,
-                   sequence: bool | None = None) -> Schedule:
+                   sequence: bool | None = None, mixed: bool | None = None) -> Schedule:
     """The schedule as a `Schedule` if `problems` finds nothing; else raise `ScheduleError`."""
     found = problems(schedule, p=p, m=m, v=v, max_in_flight=max_in_flight, layout=layout,
-                     sequence=sequence)
+                     sequence=sequence, mixed=mixed)
     if found:
         raise ScheduleError(found)
-    return as_schedule(schedule, m=m, v=v, layout=layout, sequence=sequence)
+    return as_schedule(schedule, m=m, v=v, layout=layout, sequence=sequence, mixed=mixed)
 
 
 def problems_by_case(schedule_fn: Callable[..., object], cases: Iterable[Sequence[int]], *,

@@ -96,8 +96,8 @@ CLUSTERS: dict[str, Cluster] = {c.name: c for c in (
     Cluster("laptop", 4, 2 * GiB,
             intra=AlphaBeta(alpha=100e-6, beta=1e-9), inter=AlphaBeta(alpha=100e-6, beta=1e-9),
             peak_flops=10e9,
-            source="order of magnitude for gloo ranks on one laptop (../shared/PLATFORM_FACTS.md:"
-                   " ~100 µs per message, ~1 GB/s); use `laptop(...)` with measured numbers"),
+            source="order of magnitude for gloo ranks on one laptop (lesson 03 fits this machine's"
+                   " own: ~100 µs per message, ~1 GB/s); use `laptop(...)` with measured numbers"),
 )}
 """Named presets (copy with `cluster(name, nodes=...)`)."""
 

@@ -1,8 +1,10 @@
 """Figures of lesson 15 (communicating less): traffic over a run, loss against modelled time,
-PowerSGD's error and bytes per rank r, and final loss against learning rate per optimizer.
+PowerSGD's error and bytes per rank r, final loss against learning rate per optimizer, and the
+steps and examples a batch size costs against the critical batch.
 
 Pure functions: recorded numbers in, plotly figure out (`toolkit.experiments.local_sgd`,
-`powersgd` and `large_batch` produce the numbers; `toolkit.cost.traffic` the formulas).
+`powersgd`, `large_batch` and `noise_scale` produce the numbers; `toolkit.cost.traffic` and
+`toolkit.cost.critical_batch` the formulas).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-__all__ = ["cumulative_traffic", "loss_vs_time", "lr_sweep", "rank_tradeoff"]
+from ..cost.critical_batch import steps_and_examples
+
+__all__ = ["batch_tradeoff", "cumulative_traffic", "loss_vs_time", "lr_sweep", "rank_tradeoff"]
 
 
 def _color(i: int) -> str:
@@ -108,5 +112,34 @@ def lr_sweep(final_losses: Mapping[str, Mapping[float, float]], *, initial: floa
                   annotation_text="loss at initialisation")
     fig.update_xaxes(type="log", title_text="learning rate")
     fig.update_yaxes(type="log", title_text="final training loss")
+    fig.update_layout(title=title, height=360, legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def batch_tradeoff(b_crit: Mapping[str, float], *, batches: Sequence[float] = (),
+                   title: str = "steps and examples against batch size") -> go.Figure:
+    """For each named critical batch B_crit: S/S_min = 1 + B_crit/B (solid) and
+    E/E_min = 1 + B/B_crit (dotted) against B on log axes (McCandlish et al. 2018, §2.3);
+    ``batches`` marked as dotted vertical lines (the batches a lesson ran)."""
+    if not b_crit or any(not (math.isfinite(v) and v > 0) for v in b_crit.values()):
+        raise ValueError(f"batch_tradeoff: b_crit must map names to numbers > 0, got {b_crit}")
+    low = min(min(b_crit.values()) / 30, *(b / 3 for b in batches)) if batches else \
+        min(b_crit.values()) / 30
+    high = max(max(b_crit.values()) * 30, *(b * 3 for b in batches)) if batches else \
+        max(b_crit.values()) * 30
+    xs = [low * (high / low) ** (k / 80) for k in range(81)]
+    fig = go.Figure()
+    for i, (name, crit) in enumerate(b_crit.items()):
+        ratios = [steps_and_examples(b, crit) for b in xs]
+        fig.add_trace(go.Scatter(x=xs, y=[r[0] for r in ratios], mode="lines",
+                                 name=f"{name}: steps S/S_min", line=dict(color=_color(i))))
+        fig.add_trace(go.Scatter(x=xs, y=[r[1] for r in ratios], mode="lines",
+                                 name=f"{name}: examples E/E_min",
+                                 line=dict(color=_color(i), dash="dot")))
+    for b in batches:
+        fig.add_vline(x=b, line=dict(dash="dot", color="#555", width=1),
+                      annotation_text=f"B = {b:g}")
+    fig.update_xaxes(type="log", title_text="batch size B")
+    fig.update_yaxes(type="log", title_text="multiple of the minimum")
     fig.update_layout(title=title, height=360, legend=dict(orientation="h", y=-0.25))
     return fig

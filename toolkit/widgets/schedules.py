@@ -7,7 +7,8 @@ simulated Gantt chart, what each stage holds, and the bubble against the paper's
 Time unit: one micro-batch's forward through one stage (t_F = 1). The backward takes `ratio`
 of it in all; a share `w_share` of that is the weight gradient W (the rest, B, the input
 gradient). Schedules that do not split the backward (GPipe, 1F1B, Chimera, TeraPipe) run it as
-one op of `ratio`, so the slider changes only ZB-H1. `comm` is the time of one message. A thin
+one op of `ratio`, so the slider changes only ZB-H1, ZB-V and DualPipe (whose F&B pairs start
+once both inputs are in, as its Table 2 counts them). `comm` is the time of one message. A thin
 shell like `toolkit.widgets.pipeline`: `schedules_view` maps the values to (figure, verdict) and
 is tested without a browser; the explorer holds the controls.
 """
@@ -24,14 +25,18 @@ from ..pipeline import bubble_fraction, held_at_peak, make_schedule, simulate
 from ..viz.pipeline import gantt_memory
 from .base import SLOW, SliderExplorer
 
-SCHEDULES = ("1f1b", "zb-h1", "chimera", "terapipe", "gpipe")
+SCHEDULES = ("1f1b", "zb-h1", "zb-v", "chimera", "dualpipe", "terapipe", "gpipe")
+SPLIT = ("zb-h1", "zb-v", "dualpipe")
+"""The schedules whose backward is split into B and W (the `W share` slider)."""
 """What the schedule menu offers."""
 P_MAX, M_MAX = 8, 16
 _PAPERS = {"1f1b": "(p−1)/(m+p−1), Narayanan et al. 2021",
            "gpipe": "(p−1)/(m+p−1), Huang et al. 2019",
            "terapipe": "(p−1)/(m+p−1) with equal slices, Li et al. 2021",
            "zb-h1": "(p−1)(t_F+t_B−t_W) idle, Qi et al. 2024, Table 2",
-           "chimera": "(p−2)/(2m+p−2), Li & Hoefler 2021, Table 2"}
+           "zb-v": "(p−1)·t_F/2 idle, the fill; 0 from each stage's first op, Qi et al.",
+           "chimera": "(p−2)/(2m+p−2), Li & Hoefler 2021, Table 2",
+           "dualpipe": "(p/2−1)(F&B + B − 3W) idle, DeepSeek-V3 report, Table 2"}
 
 
 def _blank(message: str) -> tuple[go.Figure, str]:
@@ -53,13 +58,15 @@ def schedules_view(*, schedule: str = "zb-h1", p: int = 4, m: int = 8, ratio: fl
     except ValueError as err:
         return _blank(str(err))
     t_b, t_w = ratio * (1 - w_share), ratio * w_share
-    run = simulate(sched, forward=1.0, backward=t_b, weight=t_w, comm=comm)
+    run = simulate(sched, forward=1.0, backward=t_b, weight=t_w, comm=comm,
+                   pairs=schedule == "dualpipe")
     held = [(full * sched.share, waiting * sched.share) for full, waiting in held_at_peak(sched)]
-    chunks = {0: "down", 1: "up"} if sched.layout == "bidirectional" else None
+    chunks = {"bidirectional": {0: "down", 1: "up"}, "v": {0: "down", 1: "back up"}}.get(
+        sched.layout)
     fig = gantt_memory(run.table, held, p=p, chunks=chunks,
                        title=f"{schedule}, p = {p}, m = {m}")
     try:
-        times = dict(forward=1.0, backward=t_b, weight=t_w) if schedule == "zb-h1" else {}
+        times = dict(forward=1.0, backward=t_b, weight=t_w) if schedule in SPLIT else {}
         formula = f"<b>{bubble_fraction(schedule, p=p, m=m, **times):.1%}</b>"
     except ValueError as err:
         formula = f"not defined here ({html.escape(str(err).split(': ', 1)[-1])})"
@@ -101,7 +108,7 @@ class SchedulesExplorer(SliderExplorer):
                                description="message / t_F", style=style, **SLOW))
 
     def _view(self, *, schedule: str, **rest: float) -> tuple[go.Figure, str]:
-        self.w_share.disabled = schedule != "zb-h1"
+        self.w_share.disabled = schedule not in SPLIT
         return schedules_view(schedule=schedule, **rest)
 
 
@@ -118,5 +125,5 @@ def schedules_explorer(*, schedule: str = "zb-h1", p: int = 4, m: int = 8, ratio
                              w_share=float(w_share), comm=float(comm))
 
 
-__all__ = ["M_MAX", "P_MAX", "SCHEDULES", "SchedulesExplorer", "schedules_explorer",
+__all__ = ["M_MAX", "P_MAX", "SCHEDULES", "SPLIT", "SchedulesExplorer", "schedules_explorer",
            "schedules_view"]

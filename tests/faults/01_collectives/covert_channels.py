@@ -55,7 +55,9 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
         "cgroup task count": lambda: open("/proc/self/cgroup").read() and [
             open(f"/sys/fs/cgroup/{c}/pids.current").read() for c in ("pids", "unified")],
         "host memory": lambda: open("/proc/meminfo").read(),
-        "kill fork server": lambda: os.kill(os.getppid(), signal.SIGKILL),
+        # A rank is pid 1 of its own pid namespace: its parent has no pid there (getppid() is
+        # 0, and kill(0) would be its own group), so every process it may signal instead.
+        "kill fork server": lambda: os.kill(os.getppid() or -1, signal.SIGKILL),
     }
     opened, refused = [], []
     for name, attempt in tries.items():

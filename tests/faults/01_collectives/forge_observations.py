@@ -1,7 +1,8 @@
 """Fault: forges the grader's records: an output frame for the running case written straight to
 its channel (its own input as the "result"), then kills the fork server, its parent, so that no
-real record follows. Expected: refused (sandbox_violation: the kill is outside its Landlock
-scope), no points for the check; the records the judges read are the courier's.
+real record follows; where its parent has no pid (a rank is pid 1 of a pid namespace of its
+own), every process it may signal. Expected: refused (sandbox_violation: there is no such
+process in its world), no points for the check; the records the judges read are the courier's.
 """
 
 def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
@@ -25,5 +26,5 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
                            len(data)]}
     meta = json.dumps({"k": "output", "case": index, "tree": tree}).encode()
     os.write(3, struct.pack("<II", len(meta), len(data)) + meta + data)
-    os.kill(os.getppid(), signal.SIGKILL)
+    os.kill(os.getppid() or -1, signal.SIGKILL)
     return tensor

@@ -1,6 +1,6 @@
 """Fault: writes results.json by absolute path into the folders above its own (the grade's
-folder and the one the grader keeps its runs in). Landlock refuses. Expected: forged_results;
-the file is never written.
+folder and the one the grader keeps its runs in). Its world refuses (read-only mounts; Landlock
+too). Expected: forged_results; the file is never written.
 """
 
 def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Fault: writes a perfect results.json into its working folder (and skips the work). Landlock
+"""Fault: writes a perfect results.json into its working folder (and skips the work). Its world
 refuses (ranks write only in tmp/). Expected: forged_results, zero for the check.
 """
 

@@ -1,5 +1,6 @@
 """Fault: writes a perfect results.json into $TMPDIR (the one folder it may write), and skips
-the work. Expected: forged_results on every check, zero.
+the work. Expected: the file stays in the rank's own world (a tmpfs nothing outside sees, gone
+with the rank); the check whose work it skipped fails, the others pass.
 """
 
 def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Fault: signals a process outside the sandbox (here a test's `sleep 314.159` sentinel, whose pid
-the test writes below: a rank cannot list /proc any more; as root without a uid of its own,
-`os.kill(-1, SIGKILL)` would reach every process). Expected: refused (Landlock scopes signals
-to the sandbox); the sentinel lives.
+the test writes below: a rank cannot list other processes). Expected: refused (the rank is pid 1
+of a pid namespace of its own, where that pid names nothing; Landlock scopes signals to the
+sandbox too); the sentinel lives.
 """
 
 SENTINEL_PID = 0  # the test writes the sentinel's pid here
