@@ -46,7 +46,7 @@ __all__ = ["COPY_LABELS", "DATASHEET_MODELS", "DTYPE_DASH", "NO_DEVICE", "copy_b
 
 DATASHEET_MODELS: tuple[tuple[str, str], ...] = (
     ("H100 PCIe", "H100 PCIe"), ("H100 80GB HBM3", "H100 SXM"), ("H100 SXM", "H100 SXM"),
-    ("A100", "A100"))
+    ("H200", "H200"), ("A100", "A100"))
 """(part of torch's device name, model in `toolkit.flops.PEAK_FLOPS`), first match wins. torch
 names an H100 SXM "NVIDIA H100 80GB HBM3"; every A100 has the same tensor-core peaks."""
 
