@@ -14,13 +14,16 @@ dp group once per step (one bucket: the α-β model's single all-reduce), then s
 Groups come from `Layout.groups`, so the ranks sit where the planner assumes. Only pp = cp = 1
 and ZeRO stage 0 run here (pipeline runs live in `toolkit.pipeline.run_pipeline`).
 
-`calibrate` does, in one launch and in rounds (each round in a rotated order, so that a busy
-second of the machine falls on every part alike): every op of `toolkit.planner.calibrated`'s
-table at the sizes the layouts use (`planner_ops.op_bench`, all ranks at once, operands taken
-from a pool larger than the caches, `COLD_BYTES`), one sequence's whole forward + backward
-against its ops (the glue), the all-reduce of every group size at the sizes the layouts send,
-and `steps` training steps of every layout, timed in core time (`time.process_time`) and on the
-clock. Medians over ranks and rounds make the `Calibration` and the table of measured steps.
+`calibrate` measures in two launches of the same ranks (one holding both would hold twice the
+memory), each in rounds, each round in a rotated order so that a busy second of the machine
+falls on every part alike: first every op of `toolkit.planner.calibrated`'s table at the sizes
+the layouts use (`planner_ops.op_bench`, all ranks at once, operands taken from a pool larger
+than the caches, `COLD_BYTES`), one sequence's whole forward + backward against its ops (the
+glue) and the all-reduce of every group size at the sizes the layouts send; then `steps`
+training steps of every layout, timed in core time (`time.process_time`) and on the clock.
+Medians over ranks and rounds make the `Calibration` and the table of measured steps. Core
+time is what a rank spends whatever else the machine runs, so rates and steps measured a few
+seconds apart compare.
 """
 
 from __future__ import annotations
@@ -42,19 +45,19 @@ from ..planner.calibrated import (
     Calibration, Op, dense_ops, local_params, op_work, step_ops, tp_messages,
 )
 from ..planner.layout import Layout
-from ..recompute.measure import saved_bytes
 from ..tensor_parallel import ParallelMLP, ParallelSelfAttention
 from .planner_ops import (
-    OperandPool, all_reduce_cpu, average_gradients, model_bench, op_bench, time_all_reduce,
-    time_op,
+    OperandPool, all_reduce_cpu, average_gradients, model_bench, op_bench, stand_ins,
+    time_all_reduce, time_op,
 )
 
 __all__ = ["calibrate", "run_layout"]
 
 PER_PARAMETER = ("accumulate", "optimizer", "flatten")  # ops whose bench needs the rank's params
-COLD_BYTES = 64 << 20
-"""Bytes of each rank's operand pool: with 4 ranks, several times this machine's caches (2 × 2 MiB
-L2, 32 MiB L3 shared), so an op's operands come from memory, as in a step (module docstring)."""
+COLD_BYTES = 8 << 20
+"""Bytes of each rank's operand pool: with 4 ranks, as much as this machine's caches hold (2 × 2
+MiB L2, 32 MiB L3 shared), so that large operands come mostly from memory, as in a step (module
+docstring), while the launch stays small."""
 
 
 def _check(layout: Layout, global_batch: int) -> None:
@@ -90,12 +93,10 @@ def _my_groups(rank: int, layout: Layout, made: dict[tuple[int, ...], object] | 
 
 class _Run(NamedTuple):
     """One layout on one rank: ``step()`` trains a step and returns (loss, seconds in the
-    gradient exchange); the rank's parameters; ``saved()`` counts the bytes one micro-batch's
-    forward keeps for backward."""
+    gradient exchange); and the rank's parameters."""
 
     step: Callable[[], tuple[float, float]]
     params: list[torch.nn.Parameter]
-    saved: Callable[[], int]
 
 
 def _layout_step(rank: int, model: TinyGPT, layout: Layout, global_batch: int, *,
@@ -117,15 +118,12 @@ def _layout_step(rank: int, model: TinyGPT, layout: Layout, global_batch: int, *
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=0.01)
 
-    def forward(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-        logits, _ = model(xs)  # (b/m, s, V)
-        return F.cross_entropy(logits.flatten(0, 1), ys.flatten()) / len(micro)
-
     def step() -> tuple[float, float]:
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for xs, ys in micro:
-            loss = forward(xs, ys)
+            logits, _ = model(xs)  # (b/m, s, V)
+            loss = F.cross_entropy(logits.flatten(0, 1), ys.flatten()) / len(micro)
             loss.backward()
             total += loss.item()
         t0 = time.perf_counter()
@@ -135,10 +133,7 @@ def _layout_step(rank: int, model: TinyGPT, layout: Layout, global_batch: int, *
         opt.step()
         return total, comm
 
-    def saved() -> int:  # bytes one micro-batch's forward keeps for backward, weights left out
-        return saved_bytes(lambda: forward(*micro[0]), exclude=params)[1]
-
-    return _Run(step, params, saved)
+    return _Run(step, params)
 
 
 def _train_rank(rank: int, world_size: int, model: TinyGPT, layout: Layout, global_batch: int,
@@ -196,14 +191,21 @@ def _links_wanted(cfg: GPTConfig, layouts: Sequence[Layout], global_batch: int
     return {p: sorted(s | {16 << 10}) for p, s in sorted(sizes.items())}
 
 
-def _calibrate_rank(rank: int, world_size: int, model: TinyGPT, layouts: list[Layout],
-                    global_batch: int, ops: list[Op], links: dict[int, list[int]],
-                    rounds: int, steps: int, trials: int, cold_bytes: int) -> dict:
+def _bench_rank(rank: int, world_size: int, model: TinyGPT, layouts: list[Layout],
+                global_batch: int, ops: list[Op], links: dict[int, list[int]], rounds: int,
+                trials: int, cold_bytes: int) -> dict:
+    """Every op alone at its size, one sequence whole (the glue) and the all-reduces, in rounds.
+    The steps run in a launch of their own (`_steps_rank`): one launch holding both would hold
+    twice the memory."""
     dev, cfg = device(), model.cfg
     made: dict[tuple[int, ...], object] = {}
-    runs = [_layout_step(rank, copy.deepcopy(model), d, global_batch, made=made)
-            for d in layouts]
-    by_count = {sum(p.numel() for p in run.params): run.params for run in runs}
+    shards = {}  # one layout per tp degree: its parameters' shapes are what the benches need
+    for d in layouts:
+        if d.tp not in shards:
+            shards[d.tp] = _layout_step(rank, copy.deepcopy(model), d, global_batch,
+                                        made=made).params
+    by_count = {sum(p.numel() for p in params): stand_ins(params) for params in shards.values()}
+    del shards
     pool = OperandPool(cold_bytes, device=dev) if cold_bytes else None
     benches = {op: op_bench(op, cfg, pool=pool, device=dev, params=by_count.get(op.shape[0])
                             if op.kind in PER_PARAMETER else None) for op in ops}
@@ -216,11 +218,8 @@ def _calibrate_rank(rank: int, world_size: int, model: TinyGPT, layouts: list[La
             group = _new_group(ranks, made)
             if rank in ranks:
                 groups[p] = group
-    out = {"saved": [run.saved() * d.micro_batches for run, d in zip(runs, layouts)],
-           "first_loss": [run.step()[0] for run in runs],  # and a warm-up
-           "ops": {op: [] for op in ops}, "whole": [], "hot": {op: [] for op in hot},
-           "links": {(p, n): [] for p, ns in links.items() for n in ns},
-           "steps": [[] for _ in layouts]}
+    out = {"ops": {op: [] for op in ops}, "whole": [], "hot": {op: [] for op in hot},
+           "links": {(p, n): [] for p, ns in links.items() for n in ns}}
     benched = [(out["ops"][op], benches[op]) for op in ops] + [(out["whole"], whole)] + \
               [(out["hot"][op], fn) for op, fn in hot.items()]
     for r in range(rounds):  # each round in a rotated order
@@ -230,6 +229,22 @@ def _calibrate_rank(rank: int, world_size: int, model: TinyGPT, layouts: list[La
             record.append(time_op(fn, trials=trials, device=dev))
         for (p, n), record in out["links"].items():
             record.append(time_all_reduce(n, groups[p], device=dev))
+    dist.barrier()  # no rank exits while a peer may still talk to it
+    return out
+
+
+def _steps_rank(rank: int, world_size: int, model: TinyGPT, layouts: list[Layout],
+                global_batch: int, rounds: int, steps: int) -> dict:
+    """`steps` steps of every layout per round, the layouts in a rotated order each round."""
+    made: dict[tuple[int, ...], object] = {}
+    runs = [_layout_step(rank, copy.deepcopy(model), d, global_batch, made=made)
+            for d in layouts]
+    out: dict[str, list] = {"first_loss": [], "steps": [[] for _ in layouts]}
+    for run in runs:  # a warm-up; the first step's loss, the same for every layout
+        out["first_loss"].append(run.step()[0])
+        for p in run.params:
+            p.grad = None
+    for r in range(rounds):
         turn = r % len(layouts)
         for k in list(range(turn, len(layouts))) + list(range(turn)):
             for _ in range(steps):
@@ -239,7 +254,9 @@ def _calibrate_rank(rank: int, world_size: int, model: TinyGPT, layouts: list[La
                     runs[k].step()
                     c, w = time.process_time() - c, time.perf_counter() - w
                 out["steps"][k].append((c, w, sum(comm)))
-    dist.barrier()  # no rank exits while a peer may still talk to it
+                for p in runs[k].params:  # a step frees them first anyway; free them now, so
+                    p.grad = None         # that five layouts do not hold five sets at once
+    dist.barrier()
     return out
 
 
@@ -267,7 +284,6 @@ def calibrate(cfg: GPTConfig, layouts: Sequence[Layout], *, global_batch: int,
       `predict_calibrated` predicts; ``comm_core``: the part of it inside `dist.all_reduce`;
     * ``wall``: per step the slowest rank's clock time, median over steps; ``contention``:
       wall / core;
-    * ``saved_MiB``: bytes a step's forward passes keep for backward (counted, not timed);
     * ``first_loss``: the first step's loss averaged over the dp replicas (equal for every
       layout of one model); ``layout``: the `Layout`.
     """
@@ -283,8 +299,12 @@ def calibrate(cfg: GPTConfig, layouts: Sequence[Layout], *, global_batch: int,
                          f"{steps}, {trials}")
     ops = sorted({op for d in layouts for op in step_ops(cfg, d, global_batch=global_batch)})
     links = _links_wanted(cfg, layouts, global_batch)
-    out = spawn(_calibrate_rank, world, TinyGPT(cfg), layouts, global_batch, ops, links,
-                rounds, steps, trials, cold_bytes, echo=False, timeout=timeout)
+    # Built here, once (as in run_layout); each rank gets its own copy.
+    model = TinyGPT(cfg)
+    out = spawn(_bench_rank, world, model, layouts, global_batch, ops, links, rounds, trials,
+                cold_bytes, echo=False, timeout=timeout)
+    ran = spawn(_steps_rank, world, model, layouts, global_batch, rounds, steps, echo=False,
+                timeout=timeout)
     core = {op: _median_over(out, lambda r, op=op: r["ops"][op], 0) for op in ops}
     # One sequence's forward + backward, whole, less its ops timed alone (in cache, both).
     glue = max(0.0, _median_over(out, lambda r: r["whole"], 0)
@@ -304,11 +324,10 @@ def calibrate(cfg: GPTConfig, layouts: Sequence[Layout], *, global_batch: int,
         source=f"measured on {world} ranks: {rounds} rounds, median of ranks, core time")
     rows = {}
     for k, d in enumerate(layouts):
-        heads = [out[d.rank(dp=i)]["first_loss"][k] for i in range(d.dp)]
-        rows[d.label()] = {"core": _over_steps(out, k, 0, statistics.median),
-                           "comm_core": _over_steps(out, k, 2, statistics.median),
-                           "wall": _over_steps(out, k, 1, max),
-                           "saved_MiB": statistics.median(r["saved"][k] for r in out) / 2 ** 20,
+        heads = [ran[d.rank(dp=i)]["first_loss"][k] for i in range(d.dp)]
+        rows[d.label()] = {"core": _over_steps(ran, k, 0, statistics.median),
+                           "comm_core": _over_steps(ran, k, 2, statistics.median),
+                           "wall": _over_steps(ran, k, 1, max),
                            "first_loss": sum(heads) / len(heads), "layout": d}
     table = pd.DataFrame(rows).T.infer_objects()
     table.insert(3, "contention", table.wall / table.core)

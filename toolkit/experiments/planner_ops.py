@@ -2,17 +2,25 @@
 forward and backward, and the all-reduce of every group size, timed in core time.
 
 An op's bench runs what the step runs for it (the same torch calls; the attention core is
-TinyGPT's own `attend`, the optimizer is the rank's own SGD over the rank's own parameters), so
-that "work / measured time" is the rate that op gets inside a step. Gradients come back through
-`torch.autograd.grad` (nothing accumulates between calls), as in a step where each gradient
-flows on to the op before. Every rank times the same op at once (a barrier before each), as in
-a step where all ranks compute together.
+TinyGPT's own `attend` with the views that split and merge the heads; the optimizer is SGD over
+`stand_ins` of the rank's parameters, the same shapes), so that "work / measured time" is the
+rate that op gets inside a step. Gradients come back through `torch.autograd.grad` (nothing
+accumulates between calls), as in a step where each gradient flows on to the op before. Every
+rank times the same op at once (a barrier before each), as in a step where all ranks compute.
+
+Operands: in a step, backward reads what forward saved long before, and a layer's weights were
+last touched a whole pass earlier. So a bench takes a new set of operands each call from an
+`OperandPool`, a block of memory as large as the caches; large operands then come from memory,
+small ones (a set spans at most `MAX_SETS` of them) stay in cache, as a small micro-batch's do.
+Without a pool a bench reuses one set (in cache): the glue is measured that way, a whole model
+against its ops, both in cache.
 
 Clocks: compute ops run on the calling thread (one intra-op thread per rank), so
 `toolkit.experiments.roofline.time_kernel`'s core time (the thread's CPU time) is all of their
 work. An all-reduce also works on gloo's threads (copies, adds, socket calls), so its bench
 reads `time.process_time` (every thread of the rank); waiting for a peer costs no CPU (gloo
-blocks, it does not spin).
+blocks, it does not spin), but now and then a call costs several times its median, so the
+bench reports the mean of many calls.
 """
 
 from __future__ import annotations
@@ -27,12 +35,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..models import GPTConfig, TinyGPT
+from ..models import CausalSelfAttention, GPTConfig, TinyGPT
 from ..planner.calibrated import Op
 from .roofline import time_kernel
 
 __all__ = ["OperandPool", "all_reduce_cpu", "average_gradients", "model_bench", "op_bench",
-           "time_all_reduce", "time_op"]
+           "stand_ins", "time_all_reduce", "time_op"]
 
 
 def average_gradients(params: Sequence[torch.Tensor], group, size: int, *,
@@ -80,8 +88,9 @@ def _operands(op: Op, cfg: GPTConfig, dev: torch.device
         return [(t, k), (n, k)] + [(n,)] * bias, lambda x, w, *b: F.linear(x, w, *b)
     if kind == "attention":
         b, a, s, d = shape
-        core = TinyGPT(GPTConfig(vocab_size=2, seq_len=s, d_model=a * d, n_head=a,
-                                 n_layer=1)).blocks[0].attn
+        with torch.device("meta"):  # only its attend() runs, which uses no weight
+            core = CausalSelfAttention(GPTConfig(vocab_size=2, seq_len=s, d_model=a * d,
+                                                 n_head=a, n_layer=1))
 
         def heads(x: torch.Tensor) -> torch.Tensor:  # (b, s, a·d) -> (b, a, s, d), a view
             return x.view(b, s, a, d).transpose(1, 2)
@@ -110,7 +119,7 @@ def _operands(op: Op, cfg: GPTConfig, dev: torch.device
     raise ValueError(f"op_bench: {op.label()} is not a per-tensor op")
 
 
-MAX_SETS = 512  # operand sets per bench: small operands span 16 MiB or more of a pool
+MAX_SETS = 64  # operand sets per bench: large operands span the pool, small ones stay in cache
 
 
 def op_bench(op: Op, cfg: GPTConfig, *, params: Sequence[torch.nn.Parameter] | None = None,
@@ -118,9 +127,9 @@ def op_bench(op: Op, cfg: GPTConfig, *, params: Sequence[torch.nn.Parameter] | N
              device: torch.device | str = "cpu") -> Callable[[], object]:
     """A function running one forward + backward of `op` (`toolkit.planner.calibrated`'s table)
     on `device`. Operands come from `pool`, a new set each call, out of cache when the pool is
-    larger than the caches; None: one set, reused (in cache). `params`: the rank's parameters,
-    for the per-parameter ops (accumulate, optimizer, flatten), whose cost depends on how many
-    tensors there are."""
+    larger than the caches; None: one set, reused (in cache). `params`: `stand_ins` of the
+    rank's parameters, for the per-parameter ops (accumulate, optimizer, flatten), whose cost
+    depends on how many tensors there are."""
     dev = torch.device(device)
     if op.kind in ("accumulate", "optimizer", "flatten"):
         return _parameter_bench(op, params)
@@ -148,27 +157,36 @@ def op_bench(op: Op, cfg: GPTConfig, *, params: Sequence[torch.nn.Parameter] | N
     return call
 
 
+def stand_ins(params: Sequence[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+    """Parameters of the same shapes as `params` (values 1e-3, so that sums neither overflow nor
+    turn subnormal), each with a gradient: what the per-parameter benches work on, so that they
+    leave the rank's own weights alone. The benches of one set share it (2 copies of P numbers)."""
+    out = [torch.nn.Parameter(torch.full_like(p, 1e-3)) for p in params]
+    for p in out:
+        p.grad = torch.full_like(p, 1e-3)
+    return out
+
+
 def _parameter_bench(op: Op, params: Sequence[torch.nn.Parameter] | None) -> Callable[[], object]:
     if params is None or sum(p.numel() for p in params) != op.shape[0]:
-        raise ValueError(f"op_bench: {op.label()} needs the rank's parameters "
+        raise ValueError(f"op_bench: {op.label()} needs the rank's parameters' `stand_ins` "
                          f"({op.shape[0]} elements in all) as `params`")
-    # Copies: the bench must not move the step's own weights.
-    mine = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    grads = [torch.randn_like(p) for p in mine]
-    for p, g in zip(mine, grads):
-        p.grad = g.clone()
+    if any(p.grad is None for p in params):
+        raise ValueError("op_bench: every parameter in `params` needs a .grad (`stand_ins`)")
+    grads = [p.grad for p in params]
     if op.kind == "accumulate":  # what autograd's AccumulateGrad does from micro-batch 2 on
-        return lambda: [p.grad.add_(g) for p, g in zip(mine, grads)]
+        return lambda: [g.add_(p.detach()) for p, g in zip(params, grads)]
     if op.kind == "optimizer":
-        opt = torch.optim.SGD(mine, lr=0.0)  # lr 0: the same work, weights that stay put
+        opt = torch.optim.SGD(params, lr=0.0)  # lr 0: the same work, weights that stay put
 
         def step() -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)
-            for p, g in zip(mine, grads):  # the next call's gradients, as backward leaves them
+            for p, g in zip(params, grads):  # the next call's gradients, as backward leaves them
                 p.grad = g
         return step
-    return lambda: average_gradients(mine, None, 2, reduce=False)
+    # Divided by 1: the same work, gradients that keep their size however often it runs.
+    return lambda: average_gradients(params, None, 1, reduce=False)
 
 
 def model_bench(model: TinyGPT, tokens: int, *, device: torch.device | str = "cpu"
