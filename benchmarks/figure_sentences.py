@@ -272,14 +272,42 @@ def footprint(entries: Entries) -> str | None:
 
 
 def attacks(entries: Entries) -> str | None:
-    hits = {k: e for k, e in entries.items() if not k[:2].isdigit()}
+    """Faults of the corpus ('fault LAB/NAME', with their lab's reference beside them) and
+    attacks ('attack NAME', lab 01), each graded on its lab's visible checks."""
+    hits = {k: e for k, e in entries.items() if k.startswith(("fault ", "attack "))}
     if not hits:
         return None
-    parts = [f"`{k.split(' ', 1)[1]}` {e['figures']['rss_mib']:,.0f} MiB "
-             f"({', '.join(e['figures']['kinds']) or 'no failure'})"
-             for k, e in sorted(hits.items())]
-    return ("Grading attacks on the grader's memory (lab 01's visible checks), its peak RSS: "
-            + "; ".join(parts) + ".")
+
+    def one(key: str, f: dict) -> str:
+        lab, _, name = key.split(" ", 1)[1].rpartition("/")
+        ref = f.get("reference")
+        return (f"`{name}`" + (f" (lab {lab[:2]})" if lab else "")
+                + f" {f['rss_mib']:,.0f} MiB" + (f" (its lab's reference {ref['rss_mib']:,.0f})"
+                                                 if ref else "")
+                + f", {', '.join(f['kinds']) or 'no failure kind'}, {f['score']:g}/{f['max']:g}")
+
+    return ("The grader's peak RSS grading attacks on a lab's visible checks, and what each got: "
+            + "; ".join(one(k, e["figures"]) for k, e in sorted(hits.items())) + ".")
+
+
+def grade_budget(entries: Entries) -> str | None:
+    """benchmarks/grade_timeout.py: how far past `--timeout T` each provocation's grade ended."""
+    names = {"launch": "a launch that never ends", "judge": "a judge that sleeps",
+             "flood": "lab 02's traffic flood"}
+    rows = [(names[k], entries[k]["figures"]) for k in names if k in entries]
+    if not rows:
+        return None
+    budgets = sorted({f["timeout_s"] for _, f in rows})
+
+    def ended(f: dict) -> str:
+        past = [s - f["timeout_s"] for s in f["took_s"]]
+        return (f"{span(past, '{:+.1f}', ' to ')} s past T" if max(past) > 0
+                else "inside T")
+
+    return (f"With `grade --timeout T` (T = {' or '.join(f'{t:g}' for t in budgets)} s), "
+            + ", ".join(f"{name} ended {ended(f)}" for name, f in rows)
+            + f" ({plural(len(rows[0][1]['took_s']), 'run')} each, from the command's start "
+            "to its exit).")
 
 
 def rank_start(entries: Entries) -> str | None:

@@ -8,8 +8,9 @@ rewrites, between ``<!-- measured: NAME -->`` and ``<!-- /measured: NAME -->`` m
   figure: what, one sentence formatted from the file (`figure_sentences`) with the date, cores
   and load it was taken at (†: busier than its cores), and the script with the command;
 * docs/grading.md: ``rank-start``, ``courier`` (the "reference solutions need" column of the
-  caps table, and the grader's peak RSS), ``attacks`` and ``class``: the same sentences where
-  the text argues from them.
+  caps table, and the grader's peak RSS), ``attacks``, ``judges`` (the measured columns of the
+  attacks table), ``timeout`` (the provocations' table) and ``class``: the same sentences where
+  the text argues from them, and the tables' measured columns (`grading_tables`).
 
 Nothing else in the pages is touched. tests/test_figures_page.py fails when a page and the
 files disagree. After measuring (`make bench` runs every benchmark with --save, then this):
@@ -27,9 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import figure_sentences as say  # noqa: E402  (benchmarks/figure_sentences.py)
+import grading_tables as tables  # noqa: E402  (benchmarks/grading_tables.py)
 import saved  # noqa: E402  (benchmarks/saved.py)
-
-from toolkit.formats import human_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "docs" / "figures.md"
@@ -53,6 +53,12 @@ def labs(entries: Entries) -> Entries:
 
 def not_labs(entries: Entries) -> Entries:
     return {k: v for k, v in entries.items() if not k[:2].isdigit() and k != "class"}
+
+
+def faults(*names: str) -> Callable[[Entries], Entries]:
+    """The entries of these faults of the corpus ('fault LAB/NAME'), whatever their lab."""
+    return lambda entries: {k: v for k, v in entries.items()
+                            if k.startswith("fault ") and k.rpartition("/")[2] in names}
 
 
 def one_rank_start(entries: Entries) -> Entries:
@@ -88,8 +94,12 @@ ROWS = (
     Row("Grading a class", "grading", only("class"), say.grade_class),
     Row("Starting one rank of a grade", "rank_start", one_rank_start, say.rank_start),
     Row("The grader's memory", "grader_footprint", labs, say.footprint),
-    Row("The grader's memory under attack", "grader_footprint", not_labs, say.attacks),
+    Row("The grader's memory and judges under attack", "grader_footprint", not_labs,
+        say.attacks),
+    Row("A grade's budget, judging included", "grade_timeout", everything, say.grade_budget),
 )
+MEMORY_ATTACKS = Row("The red team's attacks on the grader's memory", "grader_footprint",
+                     faults("output_hoard", "mark_flood", "stack_flood"), say.attacks)
 ROW = {row.say.__name__: row for row in ROWS}
 LESSONS_ROW = ("| Each lesson, top to bottom | Run time and peak memory per lesson, and the "
                "machine they were taken on: the [lesson map](../lessons/README.md), written "
@@ -161,42 +171,39 @@ def in_grading(row: Row, results: Results) -> str:
     return text if not picked else f"{text.removesuffix(').')}; {measured_by(row.bench, picked)})."
 
 
-CAP_FIGURE = {"MAX_CALLS": ("calls", False), "RESULT_BYTES": ("returned", True),
-              "MAX_STACKS": ("stacks", False), "KEEP_BYTES": ("kept", True),
-              "HELD_BYTES": ("held", True), "OUTBOX_BYTES": ("outbox", True)}
-"""The courier's cap named in a row → (the footprint's figure for it, whether bytes)."""
-NEED = "reference solutions need"
+def taken(bench: str, picked: Entries) -> str:
+    """The line under a table: when, where, how busy, and the command."""
+    if not picked:
+        return f"Not measured yet: `python benchmarks/{bench}.py --save`."
+    return f"Measured {say.tag(list(picked.values()))}: {measured_by(bench, picked)}."
 
 
 def courier(old: str, results: Results) -> str:
-    """The caps table with its NEED column from the footprint of each lab's reference (the
-    busiest lab named), then the sentence on the grader's own memory."""
-    picked = labs(results.get("grader_footprint", {}))
-    lines = [line for line in old.strip().splitlines() if line.startswith("|")]
-    if not lines or NEED not in lines[0]:
-        raise ValueError(f"the courier region holds no table with a '{NEED}' column")
-    column = [c.strip() for c in lines[0].split("|")].index(NEED)
-    for i, line in enumerate(lines[2:], start=2):
-        cells = line.split("|")
-        cap = next((c for c in CAP_FIGURE if f"`{c}`" in cells[column - 1]), None)
-        if cap is None:
-            raise ValueError(f"courier table row {i - 1} names none of {', '.join(CAP_FIGURE)}")
-        key, in_bytes = CAP_FIGURE[cap]
-        having = {lab: e for lab, e in picked.items() if key in e["figures"]}
-        if not having:
-            cells[column] = " not measured yet "
-        else:
-            lab, e = max(having.items(), key=lambda kv: kv[1]["figures"][key])
-            n = e["figures"][key]
-            cells[column] = f" {human_bytes(n) if in_bytes else f'{n:,}'} (lab {lab[:2]}) "
-        lines[i] = "|".join(cells)
-    return "\n".join(lines) + "\n\n" + in_grading(ROW["footprint"], results)
+    """The caps table (needs from each lab's reference), then the grader's own memory."""
+    need = tables.courier(old, labs(results.get("grader_footprint", {})))
+    return need + "\n\n" + in_grading(ROW["footprint"], results)
+
+
+def judges(old: str, results: Results) -> str:
+    picked = not_labs(results.get("grader_footprint", {}))
+    text = tables.judges(old, picked)
+    shown = {k: e for k, e in picked.items() if f"`{k.rpartition('/')[2]}`" in text}
+    return text + "\n\n" + taken("grader_footprint", shown)
+
+
+def timeout(old: str, results: Results) -> str:
+    picked = results.get("grade_timeout", {})
+    text = tables.timeout(picked)
+    return taken("grade_timeout", picked) if text is None else \
+        text + "\n\n" + taken("grade_timeout", picked)
 
 
 GRADING_REGIONS: dict[str, Callable[[str, Results], str]] = {
     "rank-start": lambda old, r: in_grading(ROW["rank_start"], r),
     "courier": courier,
-    "attacks": lambda old, r: in_grading(ROW["attacks"], r),
+    "attacks": lambda old, r: in_grading(MEMORY_ATTACKS, r),
+    "judges": judges,
+    "timeout": timeout,
     "class": lambda old, r: in_grading(ROW["grade_class"], r),
 }
 FIGURES_REGIONS: dict[str, Callable[[str, Results], str]] = {

@@ -6,16 +6,16 @@ contents kept for the judges). The caps must sit well above what any correct sol
 this script grades each lab's reference solution (every visible and hidden check) and prints,
 for the launch that needed most, each of those figures (stacks: the most stacks of waits one
 rank kept at once), and the grading process's peak RSS (``ru_maxrss``, one fresh process per
-grade). With ``--attack PATH`` it grades a lab-01 submission (the red team's) the same way
-and prints the peak RSS; ``--fault NAME`` grades a fault of the corpus
-(tests/faults/01_collectives/NAME.py appended to the reference, as the fault tests build it),
-e.g. the red team's ``output_hoard`` and ``mark_flood``.
+grade). With ``--attack PATH`` it grades a lab-01 submission (the red team's) the same way and
+prints the peak RSS; with ``--fault LAB/NAME`` a fault of the corpus (``tests/faults/LAB/NAME.py``
+appended to the lab's reference, as the fault tests build it) on the lab's visible checks,
+beside the reference's own visible grade (graded once per lab).
 
 Usage: python benchmarks/grader_footprint.py [--labs 01,02,...] [--attack DIR_OR_FILE ...]
-                                             [--fault NAME ...] [--save | --record FILE.json]
+       [--fault 06_mixed_precision/broadcast_shapes ...] [--save | --record FILE.json]
 Memory, not time: a loaded machine changes nothing here but the seconds. ``--save`` records
 each grade's figures in benchmarks/results/grader_footprint.json (`saved`), where
-docs/grading.md's table of the courier's caps reads them.
+docs/grading.md's tables of the courier's caps and of the attacks read them.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -32,12 +33,12 @@ import saved  # noqa: E402  (benchmarks/saved.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = ROOT / "labs"
-FAULTS = ROOT / "tests" / "faults" / "01_collectives"
-ABOUT = ("Per grade (a lab's reference with its hidden checks; a fault of the corpus or an "
-         "attack on lab 01's visible checks): score, launches, the most one launch needed of "
-         "each thing the courier caps (returned, kept, held, outbox: bytes; calls and marks: "
-         "counts; stacks: per rank), the failure kinds, and the grading process's peak RSS in "
-         "MiB. benchmarks/grader_footprint.py --save.")
+ABOUT = ("Per grade (a lab's reference with its hidden checks, keyed by the lab; a fault of the "
+         "corpus on its lab's visible checks, 'fault LAB/NAME', with that lab's reference "
+         "graded the same way; an attack on lab 01's visible checks): score, launches, the most "
+         "one launch needed of each thing the courier caps (returned, kept, held, outbox: "
+         "bytes; calls and marks: counts; stacks: per rank), the failure kinds, the grading "
+         "process's peak RSS in MiB and its seconds. benchmarks/grader_footprint.py --save.")
 
 # Run in a fresh interpreter per grade so that ru_maxrss is this grade's alone. The wrappers
 # only read the courier's counters (a measurement; the package itself is unchanged).
@@ -81,28 +82,49 @@ print(json.dumps({"score": result.score, "max": result.max_score, "launches": la
 
 
 def measure(lab: str, path: Path, hidden: bool = True) -> dict:
+    """The grade's figures (the child's line) and its ``seconds``, interpreter start included."""
+    start = time.monotonic()
     out = subprocess.run([sys.executable, "-c", _CHILD, lab, str(path),
                           "hidden" if hidden else "visible"],
                          capture_output=True, text=True, cwd=ROOT, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return {**json.loads(out.stdout.strip().splitlines()[-1]),
+            "seconds": round(time.monotonic() - start, 2)}
 
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.2f} MiB"
 
 
-def fault_submission(name: str, folder: Path) -> Path:
-    """The corpus's fault `name` as a submission: lab 01's reference with the fault appended
-    (its later definitions win), as the fault tests build it."""
-    fault = FAULTS / f"{name}.py"
-    if not fault.is_file():
-        known = ", ".join(sorted(p.stem for p in FAULTS.glob("*.py")))
-        raise SystemExit(f"--fault {name}: no {fault.relative_to(ROOT)}; choose from {known}")
-    path = folder / name / "collectives.py"
+def _student(lab_dir: Path) -> Path:
+    """The lab's (first) student file: the reference solution."""
+    sys.path.insert(0, str(ROOT))
+    from autograder.lab import load_lab
+
+    return lab_dir / load_lab(lab_dir, hidden=False).info.student_files[0]
+
+
+def fault(spec: str, folder: Path, references: dict[str, dict]) -> dict:
+    """Grade fault `spec` (LAB/NAME) on the lab's visible checks, and the lab's reference the
+    same way unless `references` holds it; print each grade's score, kinds, seconds and the
+    grader's peak RSS. Returns the fault's figures with its reference's beside them."""
+    lab, _, name = spec.partition("/")
+    source = ROOT / "tests" / "faults" / lab / f"{name}.py"
+    if not source.is_file():
+        raise SystemExit(f"--fault {spec}: no {source.relative_to(ROOT)} (LAB/NAME, e.g. "
+                         "01_collectives/output_hoard)")
+    reference = _student(LABS / lab)
+    path = folder / lab / name / reference.name
     path.parent.mkdir(parents=True)
-    path.write_text((LABS / "01_collectives" / "collectives.py").read_text()
-                    + f"\n\n# ---- fault: {name} ----\n\n" + fault.read_text())
-    return path
+    path.write_text(reference.read_text() + f"\n\n# ---- fault: {name} ----\n\n"
+                    + source.read_text())
+    if lab not in references:
+        references[lab] = measure(lab, reference, hidden=False)
+    m = measure(lab, path, hidden=False)
+    for what, r in (("reference", references[lab]), (name, m)):
+        print(f"{lab} {what}: {r['score']:g}/{r['max']:g} (kinds {r['kinds']}), "
+              f"{r['seconds']:.1f} s; grader peak RSS {r['rss_mib']:,.0f} MiB", flush=True)
+    return {**m, "reference": {k: references[lab][k]
+                               for k in ("score", "max", "kinds", "rss_mib", "seconds")}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,8 +133,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma-separated lab numbers, or ''")
     ap.add_argument("--attack", nargs="*", default=[],
                     help="lab-01 submissions to grade (visible checks), peak RSS printed")
-    ap.add_argument("--fault", nargs="*", default=[], metavar="NAME",
-                    help="faults of tests/faults/01_collectives/ to grade the same way")
+    ap.add_argument("--fault", nargs="*", default=[],
+                    help="faults of the corpus, LAB/NAME (tests/faults/LAB/NAME.py), graded on "
+                         "the lab's visible checks beside its reference; peak RSS printed")
     saved.add_arguments(ap, "grader_footprint")
     args = ap.parse_args(argv)
     save_to = saved.target(ap, args, "grader_footprint")
@@ -125,26 +148,27 @@ def main(argv: list[str] | None = None) -> None:
         lab_dir = next((p for p in sorted(LABS.iterdir()) if p.name.startswith(number)), None)
         if lab_dir is None:
             ap.error(f"--labs: no lab starts with {number!r} in {LABS}")
-        student = next(p for p in sorted(lab_dir.glob("*.py"))
-                       if p.stem not in ("harness", "checks", "expected", "layouts"))
         load_before = saved.load_average()
-        m = measure(lab_dir.name, student)
+        m = measure(lab_dir.name, _student(lab_dir))
         print(f"{lab_dir.name}: {m['score']:g}/{m['max']:g}, {m['launches']} launches; most in "
               f"one launch: returned {_mib(m['returned'])}, {m['calls']:,} calls and marks "
               f"({m['marks']:,} marks), kept {_mib(m['kept'])}, held {_mib(m['held'])}, "
               f"replies queued {_mib(m['outbox'])}, {m['stacks']} stack(s) of waits per rank; "
-              f"grader peak RSS {m['rss_mib']:,.0f} MiB")
+              f"grader peak RSS {m['rss_mib']:,.0f} MiB", flush=True)
         keep(lab_dir.name, m, load_before)
-    with tempfile.TemporaryDirectory(prefix="footprint-") as work:
-        attacks = [(f"attack {Path(p).name}", Path(p)) for p in args.attack]
-        attacks += [(f"fault {n}", fault_submission(n, Path(work))) for n in args.fault]
-        for key, path in attacks:
-            load_before = saved.load_average()
-            m = measure("01_collectives", path, hidden=False)
-            print(f"{key}: {m['score']:g}/{m['max']:g} (kinds {m['kinds']}), returned "
-                  f"{_mib(m['returned'])}, {m['calls']:,} calls and marks ({m['marks']:,} "
-                  f"marks) in the launch that made most; grader peak RSS {m['rss_mib']:,.0f} MiB")
-            keep(key, m, load_before)
+    for path in args.attack:
+        load_before = saved.load_average()
+        m = measure("01_collectives", Path(path), hidden=False)
+        print(f"{path}: {m['score']:g}/{m['max']:g} (kinds {m['kinds']}), returned "
+              f"{_mib(m['returned'])}, {m['calls']:,} calls and marks ({m['marks']:,} marks) "
+              f"in the launch that made most; grader peak RSS {m['rss_mib']:,.0f} MiB")
+        keep(f"attack {Path(path).name}", m, load_before)
+    if args.fault:
+        references: dict[str, dict] = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for spec in args.fault:
+                load_before = saved.load_average()
+                keep(f"fault {spec}", fault(spec, Path(tmp), references), load_before)
 
 
 if __name__ == "__main__":

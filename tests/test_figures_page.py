@@ -119,21 +119,56 @@ GRADING = """Prose.
 <!-- measured: attacks -->
 <!-- /measured: attacks -->
 
+<!-- measured: judges -->
+| attack | grader's peak RSS, attack (reference) | seconds, attack (reference) | what it gets |
+|---|---|---|---|
+| `result_alias` (lab 01): 200 nodes | 1 MiB (2) | 3.0 (4.0) | typed |
+| `broadcast_shapes` (lab 06): big | 1 MiB (2) | 3.0 (4.0) | typed |
+<!-- /measured: judges -->
+
+<!-- measured: timeout -->
+<!-- /measured: timeout -->
+
 <!-- measured: class -->
 <!-- /measured: class -->
 """
 
 
-def test_the_courier_table_needs_come_from_the_footprint():
-    results = {"grader_footprint": {"01_collectives": _footprint(),
-                                    "05_tensor": _footprint(calls=300, rss_mib=310.0),
-                                    "fault output_hoard": _footprint(rss_mib=646.0,
-                                                                     kinds=["result_limit"])}}
+def _fault(rss: float, kinds: list[str], score: float) -> dict:
+    return _footprint(rss_mib=rss, kinds=kinds, score=score, max=40, seconds=5.25,
+                      reference={"score": 40, "max": 40, "kinds": [], "rss_mib": 231.0,
+                                 "seconds": 10.2})
+
+
+def test_the_grading_tables_come_from_the_footprint_and_the_timeouts():
+    results = {
+        "grader_footprint": {
+            "01_collectives": _footprint(), "05_tensor": _footprint(calls=300, rss_mib=310.0),
+            "fault 01_collectives/output_hoard": _fault(646.0, ["result_limit"], 25),
+            "fault 01_collectives/result_alias": _fault(244.0, ["tampering"], 25)},
+        "grade_timeout": {
+            "launch": _entry({"timeout_s": 30.0, "took_s": [31.8, 32.25], "score": [0, 0],
+                              "valid": True}),
+            "flood": _entry({"timeout_s": 30.0, "took_s": [26.4], "score": [6],
+                             "valid": True})}}
     out = figures_page.render(GRADING, figures_page.GRADING_REGIONS, results)
     assert "| 300 (lab 05) | `call_limit` |" in out and "| 1 MiB (lab 01) |" in out
     assert "999" not in out and "9 MiB" not in out
     assert "the grader's peak RSS is 250-310 MiB" in out
-    assert "`output_hoard` 646 MiB (result_limit)" in out
+    attacks = out.split("<!-- measured: attacks -->")[1].split("<!--")[0]
+    assert "`output_hoard` (lab 01) 646 MiB (its lab's reference 231), result_limit, 25/40" \
+        in attacks and "result_alias" not in attacks            # the memory attacks only
+    judges = out.split("<!-- measured: judges -->")[1].split("<!--")[0]
+    assert "| `result_alias` (lab 01): 200 nodes | 244 MiB (231) | 5.2 (10.2) | " \
+        "`tampering`, 25/40 |" in judges and "typed" not in judges
+    assert "| `broadcast_shapes` (lab 06): big | not measured yet |" in judges
+    assert "Measured 2026-01-02, 2 cores" in judges
+    assert "[`benchmarks/grader_footprint.py`]" in judges
+    timeout = out.split("<!-- measured: timeout -->")[1].split("<!--")[0]
+    assert "| provocation | ended after (T = 30 s) | past T | results.json |" in timeout
+    assert "| 31.8 s, 32.2 s | +1.8 s, +2.2 s | valid |" in timeout
+    assert "(`traffic_flood`) | 26.4 s | inside | valid |" in timeout
+    assert "judge that sleeps" not in timeout                   # not measured: no row
     assert "Not measured yet: `python benchmarks/rank_start.py --save`" in out
     with pytest.raises(ValueError, match="names none of"):
         figures_page.render(GRADING.replace("`RESULT_BYTES`", "`OTHER`"),
