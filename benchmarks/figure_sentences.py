@@ -5,7 +5,7 @@ and returns the sentence a reader sees, or None when nothing is saved yet. `tag`
 on what machine the figures were taken; † marks a machine busier than its cores (its 1-minute
 load average above them just before a part ran): times run longer than on an idle machine,
 ratios and byte counts hold better. `benchmarks/figures_page.py` puts the sentences into
-docs/figures.md and docs/grading.md.
+docs/figures.md; the grader's are in `grading_figures`, beside docs/grading.md's tables.
 """
 
 from __future__ import annotations
@@ -224,105 +224,3 @@ def zero_bubble(entries: Entries) -> str | None:
            for (t, p, m, name), r in by.items() if name == "1f1b"]
     return (f"ZB-H1's measured bubble is within {worst:.1%} of Qi et al.'s (Table 2) and its "
             f"step {span(cut, '{:.0%}', ' to ')} shorter than 1F1B's on the same ops.")
-
-
-def grade_times(entries: Entries) -> str | None:
-    labs = {k: e for k, e in entries.items() if k != "class"}
-    if not labs:
-        return None
-    runs = span([e["figures"]["runs"] for e in labs.values()], "{:d}")
-    parts = [f"lab {k[:2]} {e['figures']['median_s']:.1f} s" for k, e in sorted(labs.items())]
-    return (f"`autograder grade` of a lab's reference solution, end to end (a fresh process, "
-            f"every visible and hidden check): {', '.join(parts)} (median of {runs}).")
-
-
-def grade_class(entries: Entries) -> str | None:
-    if "class" not in entries:
-        return None
-    f = entries["class"]["figures"]
-    mix = f["mix"]
-    slow = ", then ".join(f"`{kind}` {s:.1f} s" for kind, s in f["slowest"])
-    full = ("exactly the correct ones scored 100" if f["full_marks_are_the_correct"]
-            else f"{f['full_marks']} scored 100 ({mix['correct']} are correct)")
-    return (f"A class of {f['submissions']} lab-01 submissions ({mix['correct']} correct, "
-            f"{mix['partial']} partial, {plural(mix['fault'], 'fault')} of the corpus) graded by "
-            f"`autograder batch --jobs {f['jobs']}` took {seconds(f['seconds'])}: "
-            f"{f['per_minute']:.1f} submissions per minute; a grade's median "
-            f"{f['median_s']:.1f} s (correct ones {f['correct_median_s']:.1f} s, 90th "
-            f"percentile {f['correct_p90_s']:.1f} s), the slowest {slow}; summary.csv held "
-            + ("every submission" if f["every_submission"] else f"{f['rows']} rows") + ", and "
-            f"{full}.")
-
-
-def _labs(entries: Entries) -> dict[str, dict]:
-    return {k: e for k, e in entries.items() if k[:2].isdigit()}
-
-
-def footprint(entries: Entries) -> str | None:
-    labs = _labs(entries)
-    if not labs:
-        return None
-    f = [e["figures"] for e in labs.values()]
-    return (f"Grading each lab's reference with its hidden checks (lab"
-            f"{'s' if len(labs) > 1 else ''} {', '.join(k[:2] for k in sorted(labs))}), the "
-            f"grader's peak RSS is "
-            f"{span([x['rss_mib'] for x in f], '{:,.0f}')} MiB; the busiest launch needed "
-            f"{max(x['calls'] for x in f):,} calls and marks and "
-            f"{human_bytes(max(x['returned'] for x in f))} of results.")
-
-
-def attacks(entries: Entries) -> str | None:
-    """Faults of the corpus ('fault LAB/NAME', with their lab's reference beside them) and
-    attacks ('attack NAME', lab 01), each graded on its lab's visible checks."""
-    hits = {k: e for k, e in entries.items() if k.startswith(("fault ", "attack "))}
-    if not hits:
-        return None
-
-    def one(key: str, f: dict) -> str:
-        lab, _, name = key.split(" ", 1)[1].rpartition("/")
-        ref = f.get("reference")
-        return (f"`{name}`" + (f" (lab {lab[:2]})" if lab else "")
-                + f" {f['rss_mib']:,.0f} MiB" + (f" (its lab's reference {ref['rss_mib']:,.0f})"
-                                                 if ref else "")
-                + f", {', '.join(f['kinds']) or 'no failure kind'}, {f['score']:g}/{f['max']:g}")
-
-    return ("The grader's peak RSS grading attacks on a lab's visible checks, and what each got: "
-            + "; ".join(one(k, e["figures"]) for k, e in sorted(hits.items())) + ".")
-
-
-def grade_budget(entries: Entries) -> str | None:
-    """benchmarks/grade_timeout.py: how far past `--timeout T` each provocation's grade ended."""
-    names = {"launch": "a launch that never ends", "judge": "a judge that sleeps",
-             "flood": "lab 02's traffic flood"}
-    rows = [(names[k], entries[k]["figures"]) for k in names if k in entries]
-    if not rows:
-        return None
-    budgets = sorted({f["timeout_s"] for _, f in rows})
-
-    def ended(f: dict) -> str:
-        past = [s - f["timeout_s"] for s in f["took_s"]]
-        return (f"{span(past, '{:+.1f}', ' to ')} s past T" if max(past) > 0
-                else "inside T")
-
-    return (f"With `grade --timeout T` (T = {' or '.join(f'{t:g}' for t in budgets)} s), "
-            + ", ".join(f"{name} ended {ended(f)}" for name, f in rows)
-            + f" ({plural(len(rows[0][1]['took_s']), 'run')} each, from the command's start "
-            "to its exit).")
-
-
-def rank_start(entries: Entries) -> str | None:
-    if not entries:
-        return None
-    e = entries.get("as root") or next(iter(entries.values()))
-    f = e["figures"]
-    labs = f["labs"].values()
-    return (f"Starting one rank as {f['who']}: a plain fork of a process holding torch "
-            f"{f['plain_fork']['median_ms']:.0f} ms, the sandboxed rank (fork, namespaces, "
-            f"world, uid) {f['sandboxed_rank']['median_ms']:.0f} ms, a fresh interpreter "
-            f"importing torch {seconds(f['fresh_interpreter']['median_ms'] / 1e3)} (medians of "
-            f"{f['plain_fork']['runs']}, {f['sandboxed_rank']['runs']} and "
-            f"{f['fresh_interpreter']['runs']}); one grade starts "
-            f"{span([x['ranks'] for x in labs], '{:d}')} ranks in "
-            f"{span([x['launches'] for x in labs], '{:d}')} launches (labs "
-            f"{', '.join(k[:2] for k in sorted(f['labs']))}).")
-

@@ -5,12 +5,13 @@ benchmarks/results/NAME.json (``python benchmarks/NAME.py --save``: `saved`). Th
 rewrites, between ``<!-- measured: NAME -->`` and ``<!-- /measured: NAME -->`` markers:
 
 * docs/figures.md: ``machine``, a paragraph on where, when and how busy; ``table``, one row per
-  figure: what, one sentence formatted from the file (`figure_sentences`) with the date, cores
-  and load it was taken at (†: busier than its cores), and the script with the command;
+  figure: what, one sentence formatted from the file (`figure_sentences`, `grading_figures`)
+  with the date, cores and load it was taken at (†: busier than its cores), and the script
+  with the command;
 * docs/grading.md: ``rank-start``, ``courier`` (the "reference solutions need" column of the
   caps table, and the grader's peak RSS), ``attacks``, ``judges`` (the measured columns of the
   attacks table), ``timeout`` (the provocations' table) and ``class``: the same sentences where
-  the text argues from them, and the tables' measured columns (`grading_tables`).
+  the text argues from them, and the tables' measured columns (`grading_figures`).
 
 Nothing else in the pages is touched. tests/test_figures_page.py fails when a page and the
 files disagree. After measuring (`make bench` runs every benchmark with --save, then this):
@@ -28,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import figure_sentences as say  # noqa: E402  (benchmarks/figure_sentences.py)
-import grading_tables as tables  # noqa: E402  (benchmarks/grading_tables.py)
+import grading_figures as grader  # noqa: E402  (benchmarks/grading_figures.py)
 import saved  # noqa: E402  (benchmarks/saved.py)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,16 +91,16 @@ ROWS = (
     Row("GPipe and 1F1B bubbles on real ranks", "pipeline_bubbles", only("classic"),
         say.bubbles),
     Row("ZB-H1 against 1F1B on real ranks", "pipeline_bubbles", only("zb"), say.zero_bubble),
-    Row("Grading one submission", "grading", labs, say.grade_times),
-    Row("Grading a class", "grading", only("class"), say.grade_class),
-    Row("Starting one rank of a grade", "rank_start", one_rank_start, say.rank_start),
-    Row("The grader's memory", "grader_footprint", labs, say.footprint),
+    Row("Grading one submission", "grading", labs, grader.grade_times),
+    Row("Grading a class", "grading", only("class"), grader.grade_class),
+    Row("Starting one rank of a grade", "rank_start", one_rank_start, grader.rank_start),
+    Row("The grader's memory", "grader_footprint", labs, grader.footprint),
     Row("The grader's memory and judges under attack", "grader_footprint", not_labs,
-        say.attacks),
-    Row("A grade's budget, judging included", "grade_timeout", everything, say.grade_budget),
+        grader.attacks),
+    Row("A grade's budget, judging included", "grade_timeout", everything, grader.grade_budget),
 )
 MEMORY_ATTACKS = Row("The red team's attacks on the grader's memory", "grader_footprint",
-                     faults("output_hoard", "mark_flood", "stack_flood"), say.attacks)
+                     faults("output_hoard", "mark_flood", "stack_flood"), grader.attacks)
 ROW = {row.say.__name__: row for row in ROWS}
 LESSONS_ROW = ("| Each lesson, top to bottom | Run time and peak memory per lesson, and the "
                "machine they were taken on: the [lesson map](../lessons/README.md), written "
@@ -180,20 +181,20 @@ def taken(bench: str, picked: Entries) -> str:
 
 def courier(old: str, results: Results) -> str:
     """The caps table (needs from each lab's reference), then the grader's own memory."""
-    need = tables.courier(old, labs(results.get("grader_footprint", {})))
+    need = grader.courier(old, labs(results.get("grader_footprint", {})))
     return need + "\n\n" + in_grading(ROW["footprint"], results)
 
 
 def judges(old: str, results: Results) -> str:
     picked = not_labs(results.get("grader_footprint", {}))
-    text = tables.judges(old, picked)
+    text = grader.judges(old, picked)
     shown = {k: e for k, e in picked.items() if f"`{k.rpartition('/')[2]}`" in text}
     return text + "\n\n" + taken("grader_footprint", shown)
 
 
 def timeout(old: str, results: Results) -> str:
     picked = results.get("grade_timeout", {})
-    text = tables.timeout(picked)
+    text = grader.timeout(picked)
     return taken("grade_timeout", picked) if text is None else \
         text + "\n\n" + taken("grade_timeout", picked)
 

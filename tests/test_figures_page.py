@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import figure_sentences as say  # noqa: E402  (benchmarks/figure_sentences.py)
 import figures_page  # noqa: E402  (benchmarks/figures_page.py)
+import grading_figures as grader  # noqa: E402  (benchmarks/grading_figures.py)
 
 
 def test_the_pages_are_written_from_the_saved_measurements(capsys):
@@ -89,13 +90,13 @@ def test_the_class_and_the_rank_start_in_words():
     assert f["mix"] == {"correct": 2, "partial": 1, "fault": 1} and f["per_minute"] == 1.71
     assert f["median_s"] == 25.0 and f["correct_median_s"] == 25.0 and f["correct_p90_s"] == 30.0
     assert f["slowest"][0] == ["sleep_forever", 80.0] and f["full_marks_are_the_correct"]
-    text = say.grade_class({"class": _entry(f)})
+    text = grader.grade_class({"class": _entry(f)})
     assert "A class of 4 lab-01 submissions (2 correct, 1 partial, 1 fault of the corpus)" in text
     assert "took 140 s: 1.7 submissions per minute" in text
     assert "the slowest `sleep_forever` 80.0 s, then `correct` 30.0 s" in text
     assert "every submission, and exactly the correct ones scored 100" in text
     f["full_marks_are_the_correct"], f["full_marks"] = False, 3
-    assert "3 scored 100 (2 are correct)" in say.grade_class({"class": _entry(f)})
+    assert "3 scored 100 (2 are correct)" in grader.grade_class({"class": _entry(f)})
 
 
 def _footprint(**over) -> dict:
