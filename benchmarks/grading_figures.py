@@ -114,10 +114,11 @@ def grade_times(entries: Entries) -> str | None:
     labs = {k: e for k, e in entries.items() if k != "class"}
     if not labs:
         return None
-    runs = span([e["figures"]["runs"] for e in labs.values()], "{:d}")
+    runs = [e["figures"]["runs"] for e in labs.values()]
+    how = "one run each" if max(runs) == 1 else f"median of {span(runs, '{:d}')} runs"
     parts = [f"lab {k[:2]} {e['figures']['median_s']:.1f} s" for k, e in sorted(labs.items())]
     return (f"`autograder grade` of a lab's reference solution, end to end (a fresh process, "
-            f"every visible and hidden check): {', '.join(parts)} (median of {runs}).")
+            f"every visible and hidden check): {', '.join(parts)} ({how}).")
 
 
 def grade_class(entries: Entries) -> str | None:
@@ -185,7 +186,7 @@ def grade_budget(entries: Entries) -> str | None:
 
     def ended(f: dict) -> str:
         past = [s - f["timeout_s"] for s in f["took_s"]]
-        return (f"{span(past, '{:+.1f}', ' to ')} s past T" if max(past) > 0
+        return (f"{span(past, '{:.1f}', ' to ')} s past T" if max(past) > 0
                 else "inside T")
 
     return (f"With `grade --timeout T` (T = {' or '.join(f'{t:g}' for t in budgets)} s), "
