@@ -121,8 +121,7 @@ def collective_ratio(entries: Entries) -> str | None:
     of_gloo = _at_ranks(at_big, ranks, " the time of gloo's `all_reduce`")
     how = f"medians of paired trials, {plural(runs, 'run')}" + (f", {agree}" if runs > 1 else "")
     return (f"At {human_bytes(big)} the course's {alg.replace('_', ' ')} all-reduce takes "
-            f"{of_gloo} ({how}); at {human_bytes(small)}, where Python's per-message cost "
-            f"shows, {_at_ranks(at_small, ranks)}.")
+            f"{of_gloo} ({how}); at {human_bytes(small)}, {_at_ranks(at_small, ranks)}.")
 
 
 def collective_fit(entries: Entries) -> str | None:
@@ -222,5 +221,5 @@ def zero_bubble(entries: Entries) -> str | None:
     by = {(r["times"], r["p"], r["m"], r["schedule"]): r for r in rows}
     cut = [1 - by[t, p, m, "zb-h1"]["makespan_ms"] / r["makespan_ms"]
            for (t, p, m, name), r in by.items() if name == "1f1b"]
-    return (f"ZB-H1's measured bubble is within {worst:.1%} of Qi et al.'s (Table 2) and its "
-            f"step {span(cut, '{:.0%}', ' to ')} shorter than 1F1B's on the same ops.")
+    return (f"ZB-H1's measured bubble is within {worst:.1%} of Qi et al.'s formula (Table 2) "
+            f"and its step {span(cut, '{:.0%}', ' to ')} shorter than 1F1B's on the same ops.")
