@@ -40,7 +40,7 @@ from .sandbox.limits import Limits
 from .sandbox.plan import CasePlan, Job, LaunchPlan
 from .sandbox.scratch import unmount_below
 from .sandbox.session import run_session
-from .submission import Problem, locate, parse_problem
+from .submission import Problem, locate, parse_problem, read_sources
 from .sandbox.summary import UNCONFINED
 
 HARNESS = "_lab_harness.py"
@@ -155,7 +155,8 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
     result = GradeResult(lab, str(submission))
     paths, problem = locate(lab.info.student_files, (lab.info.slug, lab.path.name), submission)
     result.files = {name: str(path) for name, path in paths.items()}
-    files = {name: path.read_bytes() for name, path in paths.items()}
+    files, unreadable = read_sources(paths) if problem is None else ({}, None)
+    problem = problem or unreadable
 
     def zero_all(problem: Problem) -> GradeResult:
         # Said once (GradeResult.problem); each check only says that it did not run, and why.

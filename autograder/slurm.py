@@ -2,7 +2,7 @@
 
 Nothing about grading changes; SLURM only spreads the work. The submissions (sorted, as
 `batch.find_submissions` lists them) are dealt round-robin into TASKS parts (default: one per
-submission; at most 1000, SLURM's default MaxArraySize), each part a folder of symbolic links
+submission; at most 1000, SLURM's default MaxArraySize), each part a folder of copies
 under ``OUT/slurm/parts/I``. One job array runs, in array task I, the ordinary
 
     python -m autograder batch OUT/slurm/parts/I --lab LAB --jobs J --out OUT/slurm/results/I
@@ -69,7 +69,7 @@ def job_script(*, out: Path, lab_dir: Path, tasks: int, jobs: int, device: str =
         *gres,
         f"#SBATCH --output={out}/slurm/task-%a.out",
         "# Written by `autograder batch --slurm` (autograder/slurm.py): task I grades the",
-        "# submissions linked in parts/I with the ordinary batch command; the command that",
+        "# submissions copied into parts/I with the ordinary batch command; the command that",
         "# submitted this gathers every part into summary.csv once all tasks have ended.",
         f"cd {q(str(ROOT))}",
         f'exec {q(sys.executable)} -m autograder batch "{part}" --lab {q(str(lab_dir))} '
@@ -134,7 +134,13 @@ def run_slurm_batch(folder: Path, lab_dir: Path, out: Path, *, tasks: int | None
         (work / "parts" / str(i)).mkdir(parents=True)
         (work / "results" / str(i)).mkdir(parents=True)
         for sub in subs:
-            (work / "parts" / str(i) / sub.name).symlink_to(sub.resolve())
+            # Copied, links kept as links: the grader follows none (a link in a submission,
+            # or a part that linked to it, would be refused as one).
+            dst = work / "parts" / str(i) / sub.name
+            if sub.is_dir() and not sub.is_symlink():
+                shutil.copytree(sub, dst, symlinks=True)
+            else:
+                shutil.copy2(sub, dst, follow_symlinks=False)
     script = work / "grade.sbatch"
     script.write_text(job_script(out=out, lab_dir=Path(lab_dir).resolve(), tasks=len(parts),
                                  jobs=jobs, device=device, gpus_per_grade=gpus_per_grade))

@@ -76,7 +76,8 @@ def test_without_a_folder_one_line_says_how_to_get_one(tmp_path):
     ("NVIDIA H100 80GB HBM3", "fp16", H100_SXM_BF16),
     ("NVIDIA H100 80GB HBM3", "fp32", H100_SXM_FP32),
     ("NVIDIA A100-SXM4-80GB", "tf32", A100_TF32),
-    ("NVIDIA H100 PCIe", "fp32", None), ("NVIDIA H200", "bf16", 989e12), ("NVIDIA L4", "bf16", None)])
+    ("NVIDIA H100 PCIe", "fp32", None), ("NVIDIA H200", "bf16", 989e12),
+    ("NVIDIA L4", "bf16", None)])
 def test_datasheet_peaks_match_the_device_name_or_nothing(name, dtype, peak):
     assert datasheet_peak(name, dtype) == peak
 
