@@ -71,3 +71,14 @@ def test_save_and_record_options():
         saved.target(ap, ap.parse_args(["--record", "x.csv"]), "ddp_step")
     assert saved.command("x", ["--record=a.json", "--n", "a b"]) == \
         "python benchmarks/x.py --n 'a b'"
+
+
+def test_the_lesson_measurements_keep_their_own_section(tmp_path):
+    import lesson_resources  # noqa: E402  (benchmarks/lesson_resources.py)
+
+    path = tmp_path / "lessons.json"
+    lesson_resources.save(path, "01_b.ipynb", {"wall_s": 2.0, "peak_mib": 300})
+    lesson_resources.save(path, "00_a.ipynb", {"wall_s": 1.0, "peak_mib": 200})
+    data = json.loads(path.read_text())
+    assert list(data["lessons"]) == ["00_a.ipynb", "01_b.ipynb"] and "entries" not in data
+    assert data["about"] == lesson_resources.ABOUT
