@@ -18,7 +18,10 @@ per-trial ratios, interquartile range, 95 % interval of the median, trials); the
 and the piecewise one (`toolkit.cost.piecewise`) with the error at every size. With --runs N
 the whole measurement runs N times in a row and a table sets the N ratios side by side and says
 whether they agree within their stated spread (each median inside every run's interquartile
-range). With --out: results.csv (all runs, column run_index), meta.json, report.html.
+range). With --out: results.csv (all runs, column run_index), meta.json, report.html. With
+--save (`saved`): per collective, each run's median ratios and the piecewise fits' errors (on
+the first run and on the others) in benchmarks/results/collectives.json, where docs/figures.md
+reads them.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ from toolkit.cost.spread import Spread, agree  # noqa: E402
 from toolkit.experiments.collectives import measure  # noqa: E402
 from toolkit.launch import resolve_placement, visible_gpus  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import saved  # noqa: E402  (benchmarks/saved.py)
+
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # Coefficients a(p), b(p) used to fit torch's built-in: gloo's all-reduce is a segmented ring
 # (gloo/allreduce.cc), its broadcast a binomial tree (gloo/broadcast.cc); the others are fitted
@@ -48,6 +54,10 @@ UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 BUILTIN_AS = {"all_reduce": "ring", "reduce_scatter": "ring", "all_gather": "ring",
               "broadcast": "tree", "reduce": "tree", "scatter": "linear", "gather": "linear"}
 AIM_RATIO, AIM_MAX, AIM_MEDIAN = 1.05, 0.20, 0.10  # issue 20's aims
+ABOUT = ("Per collective: the toolkit / built-in time ratio (median of paired trials, "
+         "interquartile range) of each run at each world size and size; the piecewise α-β fit "
+         "of each algorithm to the first run (regimes, relative errors at every size) and its "
+         "errors on the other runs. benchmarks/collectives.py --save.")
 
 
 def parse_size(text: str) -> int:
@@ -148,15 +158,16 @@ def print_runs(runs: list) -> bool:
     return ok
 
 
-def print_fits(df, runs: list | None = None, fit_on: str = "seconds") -> dict:
+def print_fits(df, runs: list | None = None, fit_on: str = "seconds") -> tuple[dict, dict]:
     """Plain and piecewise α-β fits per (collective, algorithm, p), error at every size, fitted
-    to the column `fit_on` (the median trial, or ``min_seconds``: the fastest, least disturbed)."""
+    to the column `fit_on` (the median trial, or ``min_seconds``: the fastest, least disturbed).
+    Returns (the piecewise fits, each fit's errors on the other `runs`), keyed alike."""
     print(f"\n# α-β fits per (collective, algorithm, p) to {fit_on}: error (model − measured)/"
           f"measured at every size; aim: every size within {AIM_MAX:.0%}, median within "
           f"{AIM_MEDIAN:.0%}")
     df = df.assign(seconds=df[fit_on])
     runs = [r.assign(seconds=r[fit_on]) for r in runs] if runs else runs
-    fits = {}
+    fits, drift = {}, {}
     for (collective, alg, p), block in df.groupby(["collective", "algorithm", "p"], sort=False):
         if block.nbytes.nunique() < 3:
             continue
@@ -181,8 +192,35 @@ def print_fits(df, runs: list | None = None, fit_on: str = "seconds") -> dict:
             rows = other[(other.collective == collective) & (other.algorithm == alg)
                          & (other.p == p)]
             errs = errors_at(piece, sorted(as_model(rows, alg, as_alg), key=lambda s: s.nbytes))
+            drift.setdefault((collective, alg, p), []).append([float(e) for e in errs])
             print(f"  on run {i} : " + " ".join(f"{e:>+7.0%}" for e in errs))
-    return fits
+    return fits, drift
+
+
+def saved_figures(runs: list, fits: dict, drift: dict, agreed: bool) -> dict[str, dict]:
+    """{collective: figures} for `saved`: sizes, world sizes, each run's ratios per algorithm,
+    p and size ([median, q25, q75]), whether the runs agree, and each fit's errors."""
+    both = pd.concat(runs, ignore_index=True)
+    out: dict[str, dict] = {}
+    for collective, block in both.groupby("collective", sort=False):
+        ratios: dict[str, dict[str, dict[str, list]]] = {}
+        for r in block[block.baseline == cost.TORCH].sort_values("nbytes").itertuples():
+            ratios.setdefault(r.algorithm, {}).setdefault(str(r.p), {}).setdefault(
+                str(r.nbytes), []).append([round(r.ratio, 4), round(r.ratio_q25, 4),
+                                            round(r.ratio_q75, 4)])
+        out[collective] = {
+            "backend": str(block.backend.iloc[0]), "runs": len(runs), "runs_agree": agreed,
+            "sizes": sorted(int(n) for n in block.nbytes.unique()),
+            "world_sizes": sorted(int(p) for p in block.p.unique()),
+            "ratios": ratios,
+            "fits": {f"{alg} p={p}": {
+                "algorithm": alg, "p": p, "regimes": len(fit.model.regimes),
+                "nbytes": [int(n) for n in fit.nbytes],
+                "errors": [round(float(e), 4) for e in fit.relative_errors],
+                "errors_on_other_runs": [[round(e, 4) for e in errs]
+                                         for errs in drift.get((c, alg, p), [])]}
+                for (c, alg, p), fit in fits.items() if c == collective}}
+    return out
 
 
 def report_html(df, fits, path: Path, meta: dict) -> None:
@@ -274,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="cuda: the GPUs there are, shared by the ranks when fewer (gloo); "
                     "default: $TOOLKIT_DEVICE, else auto")
     ap.add_argument("--out", type=Path, help="folder for results.csv, meta.json, report.html")
+    saved.add_arguments(ap, "collectives")
     args = ap.parse_args(argv)
+    save_to = saved.target(ap, args, "collectives")
     try:
         world_sizes = [int(p) for p in args.world_sizes.split(",")]
     except ValueError:
@@ -285,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(cases)} (collective, algorithm) pairs × {len(args.sizes)} sizes × world sizes "
           f"{world_sizes}; {args.repeats}-{args.max_repeats} alternating rounds; {args.runs} "
           f"run(s); {load()}", flush=True)
-    start, runs = time.perf_counter(), []
+    start, runs, load_before = time.perf_counter(), [], saved.load_average()
     for i in range(args.runs):
         try:
             df = measure(cases, sizes=args.sizes, world_sizes=world_sizes,
@@ -299,8 +339,11 @@ def main(argv: list[str] | None = None) -> int:
         print_tables(df)
         print_ratios(df)
     agreed = print_runs(runs)
-    fits = print_fits(runs[0], runs, args.fit_on)
+    fits, drift = print_fits(runs[0], runs, args.fit_on)
     print(f"\ntotal {time.perf_counter() - start:.0f} s; {load()}")
+    for collective, figures in saved_figures(runs, fits, drift, agreed).items():
+        saved.record(save_to, "collectives", collective, figures, about=ABOUT,
+                     load_before=load_before, argv=argv)
     if args.out:
         table = pd.concat(runs, ignore_index=True)
         backend = str(table.backend.iloc[0])

@@ -28,7 +28,9 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -39,7 +41,13 @@ from toolkit.data_parallel.ddp import BucketedDDP, NaiveDDP, OverlappedDDP
 from toolkit.launch import context, device, spawn
 from toolkit.models import TinyMLP, count_parameters
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import saved  # noqa: E402  (benchmarks/saved.py)
+
 VARIANTS = ("torch DDP", "naive", "bucketed", "overlapped")
+ABOUT = ("One training step of each DDP variant on p ranks, seconds (median over steps of the "
+         "slowest rank), and its ratio to torch's DistributedDataParallel; the model's "
+         "parameters and gradient bytes. benchmarks/ddp_step.py --save.")
 
 
 def _model(args: argparse.Namespace) -> TinyMLP:
@@ -113,7 +121,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="cuda: the GPUs there are, shared by the ranks when fewer (gloo); "
                         "default: $TOOLKIT_DEVICE, else auto")
     parser.add_argument("--out", help="also write the table to this CSV file")
+    saved.add_arguments(parser, "ddp_step")
     args = parser.parse_args(argv)
+    if min(args.ranks) < 1 or args.steps < 1 or args.width < 4 or args.depth < 1:
+        parser.error("--ranks and --steps must be >= 1, --width >= 4, --depth >= 1")
+    save_to = saved.target(parser, args, "ddp_step")
 
     n_params = count_parameters(_model(args))
     print(f"model: TinyMLP width {args.width}, depth {args.depth}: {n_params:,} parameters, "
@@ -122,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     table: dict[int, dict[str, float]] = {}
     buckets: dict[str, int | None] = {}
     for p in args.ranks:
+        load_before = saved.load_average()
         results = spawn(_bench, p, args, backend=args.backend, device=args.device, timeout=600,
                         echo=False)
         print(f"{p} ranks on {results[0]['where']} (rank 0)", flush=True)
@@ -130,6 +143,12 @@ def main(argv: list[str] | None = None) -> None:
                                             zip(*(r["times"][name] for r in results)))
                     for name in VARIANTS}
         buckets = results[0]["buckets"]
+        saved.record(save_to, "ddp_step", f"{p} ranks", {
+            "ranks": p, "where": results[0]["where"], "parameters": n_params,
+            "gradient_bytes": n_params * 4, "steps": args.steps,
+            "bucket_cap_mib": args.bucket_cap_mb, "step_s": table[p],
+            "vs_torch": {name: table[p][name] / table[p]["torch DDP"] for name in VARIANTS},
+            "all_reduces_per_step": buckets}, about=ABOUT, load_before=load_before, argv=argv)
 
     head = f"{'variant':<12}{'all-reduces/step':>18}" + "".join(
         f"{f'{p} ranks (ms)':>15}{'vs torch':>10}" for p in args.ranks)

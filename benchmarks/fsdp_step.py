@@ -29,7 +29,9 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -39,7 +41,13 @@ from toolkit.data_parallel.fsdp import FullyShardedDataParallel
 from toolkit.launch import context, device, spawn
 from toolkit.models import TinyMLP, count_parameters
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import saved  # noqa: E402  (benchmarks/saved.py)
+
 VARIANTS = ("torch FSDP2", "ours", "ours + prefetch")
+ABOUT = ("One training step of torch's FSDP2 and the toolkit's FSDP (with and without "
+         "prefetch) on p ranks, seconds (median over steps of the slowest rank), the ratio to "
+         "FSDP2 and each variant's loss after the run. benchmarks/fsdp_step.py --save.")
 
 
 def _model(args: argparse.Namespace) -> TinyMLP:
@@ -115,7 +123,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="cuda: the GPUs there are, shared by the ranks when fewer (gloo); "
                         "default: $TOOLKIT_DEVICE, else auto")
     parser.add_argument("--out", help="also write the table to this CSV file")
+    saved.add_arguments(parser, "fsdp_step")
     args = parser.parse_args(argv)
+    if min(args.ranks) < 1 or args.steps < 1 or args.width < 4 or args.depth < 1:
+        parser.error("--ranks and --steps must be >= 1, --width >= 4, --depth >= 1")
+    save_to = saved.target(parser, args, "fsdp_step")
 
     n_params = count_parameters(_model(args))
     print(f"model: TinyMLP width {args.width}, depth {args.depth}: {n_params:,} parameters "
@@ -124,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     table: dict[int, dict[str, float]] = {}
     losses: dict[int, dict[str, float]] = {}
     for p in args.ranks:
+        load_before = saved.load_average()
         results = spawn(_bench, p, args, backend=args.backend, device=args.device, timeout=600,
                         echo=False)
         print(f"{p} ranks on {results[0]['where']} (rank 0)", flush=True)
@@ -131,6 +144,11 @@ def main(argv: list[str] | None = None) -> None:
                                             zip(*(r["times"][name] for r in results)))
                     for name in VARIANTS}
         losses[p] = results[0]["losses"]
+        saved.record(save_to, "fsdp_step", f"{p} ranks", {
+            "ranks": p, "where": results[0]["where"], "parameters": n_params,
+            "steps": args.steps, "step_s": table[p],
+            "vs_fsdp2": {name: table[p][name] / table[p]["torch FSDP2"] for name in VARIANTS},
+            "loss": losses[p]}, about=ABOUT, load_before=load_before, argv=argv)
 
     head = f"{'variant':<17}" + "".join(f"{f'{p} ranks (ms)':>15}{'vs FSDP2':>10}{'loss':>11}"
                                         for p in args.ranks)

@@ -15,8 +15,11 @@ Prints, per run: T, the seconds the grade took, what it took past T (negative: i
 score, and whether results.json is valid Gradescope output.
 
 Usage: python benchmarks/grade_timeout.py [--timeout 30] [--runs 3] [--only launch,judge,flood]
+                                         [--save | --record FILE.json]
 Wall time on a shared machine: the overshoot is what the grader adds after the deadline (the
 launch's kill and drain, the fork server's stop, the folders' removal); load adds to it.
+``--save`` records each provocation's runs in benchmarks/results/grade_timeout.json (`saved`),
+where docs/grading.md's table reads them.
 """
 
 from __future__ import annotations
@@ -30,8 +33,15 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import saved  # noqa: E402  (benchmarks/saved.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 LABS = ROOT / "labs"
+ABOUT = ("Per provocation (launch: sleep_forever on lab 01; judge: a copy of lab 01 whose first "
+         "judge sleeps; flood: traffic_flood on lab 02): the budget T (`grade --timeout`), the "
+         "seconds each run took from the command's start to its exit, its score, and whether "
+         "every results.json was valid. benchmarks/grade_timeout.py --save.")
 
 SLOW_JUDGE = """
 
@@ -84,21 +94,34 @@ def run(sub: Path, lab: str, options: list[str], budget: float, out: Path) -> di
     return {"took": took, "score": data["score"], "valid": validate_results(data) == []}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--timeout", type=float, default=30.0, help="the grade's budget, seconds")
     ap.add_argument("--runs", type=int, default=3, help="runs of each provocation")
     ap.add_argument("--only", default="launch,judge,flood", help="comma-separated provocations")
-    args = ap.parse_args()
+    saved.add_arguments(ap, "grade_timeout")
+    args = ap.parse_args(argv)
+    save_to = saved.target(ap, args, "grade_timeout")
+    if args.runs < 1 or args.timeout <= 0:
+        ap.error("--runs must be >= 1 and --timeout > 0")
     with tempfile.TemporaryDirectory() as tmp:
         cases = provocations(Path(tmp))
+        unknown = [n for n in args.only.split(",") if n not in cases]
+        if unknown:
+            ap.error(f"--only: unknown {', '.join(unknown)}; choose from {', '.join(cases)}")
         for name in args.only.split(","):
             sub, lab, options = cases[name]
+            load_before, runs = saved.load_average(), []
             for k in range(args.runs):
                 m = run(sub, lab, options, args.timeout, Path(tmp) / f"{name}-{k}.json")
+                runs.append(m)
                 print(f"{name}: --timeout {args.timeout:g}: ended after {m['took']:.1f} s "
                       f"({m['took'] - args.timeout:+.1f} s), score {m['score']:g}, "
                       f"results.json {'valid' if m['valid'] else 'INVALID'}", flush=True)
+            saved.record(save_to, "grade_timeout", name, {
+                "timeout_s": args.timeout, "took_s": [round(m["took"], 2) for m in runs],
+                "score": [m["score"] for m in runs], "valid": all(m["valid"] for m in runs)},
+                about=ABOUT, load_before=load_before, argv=argv)
 
 
 if __name__ == "__main__":

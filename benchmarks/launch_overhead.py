@@ -6,8 +6,11 @@
 2. Cost of the recorder on 1,000 small all_reduces per rank: the unwrapped torch function, the
    wrapper idle (what every spawned rank pays: it posts to the in-flight board), and recording.
 
-Usage: python benchmarks/launch_overhead.py [--ranks 4] [--repeats 10] [--json out.json]
-Times vary ±30 % on a shared 2-core machine: read the ratios, and run it twice.
+Usage: python benchmarks/launch_overhead.py [--ranks 4] [--repeats 10] [--calls 1000]
+                                          [--json out.json] [--save | --record FILE.json]
+Times vary ±30 % on a shared 2-core machine: read the ratios, and run it twice. ``--save``
+records the figures in benchmarks/results/launch_overhead.json (`saved`), where
+docs/figures.md reads them.
 """
 
 from __future__ import annotations
@@ -17,12 +20,21 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from toolkit import comm
 from toolkit.launch import spawn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import saved  # noqa: E402  (benchmarks/saved.py)
+
+ABOUT = ("spawn(...) to results for N ranks doing one small all_reduce, seconds (median, min, "
+         "max over launches) from a script (fork and spawn start methods) and a notebook cell; "
+         "the recorder's cost in seconds per all_reduce call on 1-N ranks; the wrapper's own "
+         "cost around a no-op, seconds per call. benchmarks/launch_overhead.py --save.")
 
 
 def one_all_reduce(rank: int, world_size: int) -> float:
@@ -131,13 +143,18 @@ class _nothing:
         return False
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=4, help="ranks per launch (default 4)")
     ap.add_argument("--repeats", type=int, default=10, help="launches timed per path (default 10)")
     ap.add_argument("--calls", type=int, default=1000, help="all_reduces per recorder round")
     ap.add_argument("--json", help="also write the figures to this file")
-    args = ap.parse_args()
+    saved.add_arguments(ap, "launch_overhead")
+    args = ap.parse_args(argv)
+    if args.ranks < 1 or args.repeats < 1 or args.calls < 1:
+        ap.error("--ranks, --repeats and --calls must be >= 1")
+    save_to = saved.target(ap, args, "launch_overhead")
+    load_before = saved.load_average()
     p, n = args.ranks, args.repeats
     print(f"torch {torch.__version__}, {p} ranks, gloo on CPU, {n} launches per path\n", flush=True)
 
@@ -170,6 +187,10 @@ def main() -> None:
     for label, v in alone.items():
         print(f"  {label:<30}{v * 1e6:>8.2f} us/call")
 
+    saved.record(save_to, "launch_overhead", f"{p} ranks", {
+        "ranks": p, "launch": rows,
+        "recorder_s_per_call": {str(w): v for w, v in recorder.items()},
+        "wrapper_alone_s_per_call": alone}, about=ABOUT, load_before=load_before, argv=argv)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "ranks": p, "launch": rows,

@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime
-import json
-import os
-import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -34,6 +31,9 @@ from pathlib import Path
 import nbclient
 import nbformat
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import saved  # noqa: E402  (benchmarks/saved.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "benchmarks" / "results" / "lessons.json"
@@ -86,25 +86,15 @@ def run(path: Path, save_to: Path | None = None) -> tuple[float, int]:
     return time.perf_counter() - t0, peak
 
 
-def _commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                          capture_output=True)
-    return done.stdout.strip() if done.returncode == 0 else ""
+ABOUT = ("Each lesson run top to bottom in a fresh kernel by benchmarks/lesson_resources.py: "
+         "wall seconds, peak PSS in MiB of the kernel and its ranks, and the machine (cores, "
+         "1-minute load average just before and after the run). benchmarks/lesson_map.py writes "
+         "them into the map.")
 
 
 def save(path: Path, name: str, entry: dict) -> None:
     """Put one lesson's entry into the measurements file `path` (others' entries kept)."""
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data.setdefault("about", "Each lesson run top to bottom in a fresh kernel by "
-                    "benchmarks/lesson_resources.py: wall seconds, peak PSS in MiB of the kernel "
-                    "and its ranks, and the machine (cores, 1-minute load average just before "
-                    "and after the run). benchmarks/lesson_map.py writes them into the map.")
-    data.setdefault("lessons", {})[name] = entry
-    data["lessons"] = dict(sorted(data["lessons"].items()))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    saved.write(path, name, entry, about=ABOUT, section="lessons")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,23 +116,21 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     rows = []
     for path in paths:
-        before = os.getloadavg()[0]
+        before = saved.load_average()
         try:
             wall, peak = run(path, save_to=args.save_to / path.name if args.save_to else None)
             status = "ok"
         except Exception as exc:  # noqa: BLE001 - a failed lesson is reported, the rest still run
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             wall, peak, status = float("nan"), 0, f"failed: {first}"
-        after = os.getloadavg()[0]
+        after = saved.load_average()
         print(f"{path.name:<36}{wall:>8.1f}{peak / 2**20:>15.0f}{before:>11.1f} / {after:<5.1f}"
               f"  {status}", flush=True)
         rows.append([path.name, round(wall, 1), round(peak / 2**20), status])
         if target is not None and status == "ok":
             save(target, path.name, {
                 "wall_s": round(wall, 1), "peak_mib": round(peak / 2**20),
-                "cpus": os.cpu_count(), "load_before": round(before, 2),
-                "load_after": round(after, 2), "commit": _commit(),
-                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")})
+                **saved.machine(before)})
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             csv.writer(f).writerows([["lesson", "seconds", "peak MB (PSS)", "status"], *rows])

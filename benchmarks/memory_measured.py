@@ -14,16 +14,29 @@ plus the volume each rank sends per step as a ring moves the recorded collective
 (4 bytes per optimized tensor) are listed apart.
 
 Usage: python benchmarks/memory_measured.py [--world-sizes 2 4] [--steps 2] [--csv out.csv]
-Deterministic: the byte counts do not depend on the machine's speed.
+                                           [--save | --record FILE.json]
+Deterministic: the byte counts do not depend on the machine's speed. ``--save`` records, per
+world size and method, the largest gap on any rank between the measured bytes and each
+prediction in benchmarks/results/memory_measured.json (`saved`).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import pandas as pd
 
 from toolkit.experiments.memory import METHODS, predicted_rows, run_methods
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import saved  # noqa: E402  (benchmarks/saved.py)
+
+ABOUT = ("Per world size and method: Ψ, the largest bytes of model states on a rank, and the "
+         "largest |measured − predicted| bytes over the ranks against the implementation's "
+         "padded prediction and against the paper's exact 16Ψ/N_d split; ring volume per step "
+         "in units of (N−1)/N·Ψ·4 bytes. benchmarks/memory_measured.py --save.")
 
 
 def table(world_sizes: list[int], steps: int) -> pd.DataFrame:
@@ -52,13 +65,36 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main() -> None:
+def gaps(df: pd.DataFrame) -> dict[str, dict]:
+    """{method: figures} of one world size's rows: the largest gap on any rank, in bytes."""
+    out = {}
+    for method, g in df.groupby("method", sort=False):
+        n = int(g.world_size.iloc[0])
+        out[method] = {
+            "stage": int(g.stage.iloc[0]), "largest_rank_bytes": int(g.measured_total.max()),
+            "max_gap_padded_bytes": int((g.measured_total - g.padded_total).abs().max()),
+            "max_gap_exact_bytes": int((g.measured_total - g.pred_total).abs().max()),
+            "volume_per_step_psi": round(float(g.wire_bytes.max())
+                                         / ((n - 1) / n * 4 * float(g.psi.iloc[0])), 3)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--csv", help="write every rank's row here")
-    args = parser.parse_args()
+    saved.add_arguments(parser, "memory_measured")
+    args = parser.parse_args(argv)
+    if min(args.world_sizes) < 2 or args.steps < 1:
+        parser.error("--world-sizes must be >= 2 (sharding needs 2 ranks), --steps >= 1")
+    save_to = saved.target(parser, args, "memory_measured")
+    load_before = saved.load_average()
     df = table(args.world_sizes, args.steps)
+    for n, rows in df.groupby("world_size"):
+        saved.record(save_to, "memory_measured", f"{n} ranks",
+                     {"world_size": int(n), "psi": int(rows.psi.iloc[0]), "steps": args.steps,
+                      "methods": gaps(rows)}, about=ABOUT, load_before=load_before, argv=argv)
     psi = int(df.psi.iloc[0])
     print(f"TinyGPT, Ψ = {psi:,} parameters, fp32 Adam (4 + 4 + 8 = 16 bytes per parameter); "
           f"bytes per rank (the largest rank where they differ)\n")

@@ -33,7 +33,8 @@ count, (p−2)/(2m+p−2), and 1F1B on the same model. `--part all` runs everyth
 
 Usage: python benchmarks/pipeline_bubbles.py [--part classic|zb|chimera|all] [--repeats 3]
        [--forward 30] [--times 20/20/20,30/30/15] [--rows 2] [--width 256] [--busy]
-       [--json out.json]
+       [--json out.json] [--save | --record FILE.json]
+``--save`` records each part's rows in benchmarks/results/pipeline_bubbles.json (`saved`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -52,6 +55,16 @@ from toolkit.pipeline import (
     stage_times,
 )
 from toolkit.pipeline.catalog import key
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import saved  # noqa: E402  (benchmarks/saved.py)
+
+ABOUT = ("Per part (classic: GPipe and 1F1B; zb: 1F1B and ZB-H1; chimera: 1F1B and Chimera), "
+         "one row per (p, m, schedule): the bubble's formula, the measured bubble (median of "
+         "the repeats), the simulator's with the run's op times (ideal), the step in ms and "
+         "the peak activation bytes per stage. benchmarks/pipeline_bubbles.py --save.")
+SAVED_FIELDS = ("times", "p", "m", "schedule", "formula", "measured", "low", "high", "ideal",
+                "makespan_ms", "peak_bytes")
 
 BLOCKS = 4                  # model depth in blocks: p = 2 gets 2 per stage, p = 4 one
 SCHEDULES = ("gpipe", "1f1b")
@@ -234,7 +247,15 @@ def report_chimera(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def plain(rows: list[dict]) -> list[dict]:
+    """`rows` with the saved fields only, as JSON numbers."""
+    def number(v):
+        return v if isinstance(v, str) else [int(b) for b in v] if isinstance(v, list) \
+            else float(v) if isinstance(v, float) else int(v)
+    return [{k: number(r[k]) for k in SAVED_FIELDS if k in r} for r in rows]
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3, help="runs per configuration (median)")
     ap.add_argument("--forward", type=float, default=30.0,
@@ -247,8 +268,12 @@ def main() -> None:
     ap.add_argument("--times", default="20/20/20,30/30/15",
                     help="ZB-H1: comma-separated tF/tB/tW triples, ms per sample per block")
     ap.add_argument("--json", help="also write the rows here")
-    args = ap.parse_args()
-    t0 = time.perf_counter()
+    saved.add_arguments(ap, "pipeline_bubbles")
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.forward <= 0 or args.rows < 1:
+        ap.error("--repeats and --rows must be >= 1, --forward > 0")
+    save_to = saved.target(ap, args, "pipeline_bubbles")
+    t0, load_before = time.perf_counter(), saved.load_average()
     print(f"{BLOCKS} blocks of Linear({args.width}, {args.width}) + Delay, {args.rows} samples "
           f"per micro-batch, {args.repeats} runs each; gloo on {os.cpu_count()} cores, load "
           f"average {os.getloadavg()[0]:.1f} at the start\n")
@@ -267,6 +292,10 @@ def main() -> None:
         out["chimera"] = rows = measure_chimera(args)
         print(report_chimera(rows) + "\n")
     print(f"({time.perf_counter() - t0:.0f} s; load average {os.getloadavg()[0]:.1f} at the end)")
+    for part, rows in out.items():
+        saved.record(save_to, "pipeline_bubbles", part,
+                     {"busy": args.busy, "forward_ms": args.forward, "repeats": args.repeats,
+                      "rows": plain(rows)}, about=ABOUT, load_before=load_before, argv=argv)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1, default=str)

@@ -10,8 +10,9 @@
 4. How many launches and ranks one grade of each lab starts (`grade.plan`): what each of the
    above is multiplied by.
 
-Usage: python benchmarks/rank_start.py [--repeats 20]
-Times vary with the machine's load: read the median, and run it twice.
+Usage: python benchmarks/rank_start.py [--repeats 20] [--save | --record FILE.json]
+Times vary with the machine's load: read the median, and run it twice. ``--save`` records the
+figures in benchmarks/results/rank_start.json (`saved`), where docs/grading.md reads them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,17 @@ from autograder.sandbox import namespaces
 from autograder.sandbox.limits import become, rank_uid, sandbox_uid
 from autograder.sandbox.paths import world_spec
 from autograder.sandbox.world import build
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import saved  # noqa: E402  (benchmarks/saved.py)
+
+ABOUT = ("Starting one rank, milliseconds (median, min, max, runs): a plain fork of a process "
+         "holding torch, the sandbox's rank (fork, namespaces, world, uid), a fresh interpreter "
+         "importing torch; launches and ranks one grade of each lab starts. Keyed by who ran "
+         "it (root: the one-fork path). benchmarks/rank_start.py --save.")
+KEYS = {"plain fork (before; --unconfined)": "plain_fork",
+        "sandboxed rank (fork, namespaces, world, uid)": "sandboxed_rank",
+        "fresh interpreter importing torch (exec)": "fresh_interpreter"}
 
 
 def plain() -> None:
@@ -75,10 +87,15 @@ def timed(step, repeats: int) -> list[float]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20, help="runs of each (default 20)")
-    args = parser.parse_args()
+    saved.add_arguments(parser, "rank_start")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    save_to = saved.target(parser, args, "rank_start")
+    load_before = saved.load_average()
     namespaces.set_subreaper()
     with tempfile.TemporaryDirectory(prefix="grade-") as work:
         code, root = Path(work) / "code", Path(work) / "launch-0"
@@ -94,15 +111,24 @@ def main() -> None:
 
     labs = sorted(p for p in (Path(__file__).resolve().parents[1] / "labs").iterdir()
                   if (p / "checks.py").is_file())
+    per_lab = {}
     for lab in labs:
         launches, _ = plan(load_lab(lab), 1)
-        print(f"{lab.name}: {len(launches)} launches, "
-              f"{sum(launch.key.world_size for launch in launches)} ranks per grade")
+        per_lab[lab.name] = {"launches": len(launches),
+                             "ranks": sum(launch.key.world_size for launch in launches)}
+        print(f"{lab.name}: {per_lab[lab.name]['launches']} launches, "
+              f"{per_lab[lab.name]['ranks']} ranks per grade")
     who = "root" if os.geteuid() == 0 else "a user"
     print(f"Starting one rank, as {who}, load average {os.getloadavg()[0]:.1f}:")
     for name, ms in rows:
         print(f"  {name:48s} median {statistics.median(ms):8.1f} ms  "
               f"(min {min(ms):.1f}, max {max(ms):.1f}, {len(ms)} runs)")
+    saved.record(save_to, "rank_start", f"as {who}", {
+        "who": who, "labs": per_lab,
+        **{KEYS[name]: {"median_ms": round(statistics.median(ms), 2),
+                        "min_ms": round(min(ms), 2), "max_ms": round(max(ms), 2),
+                        "runs": len(ms)} for name, ms in rows}},
+        about=ABOUT, load_before=load_before, argv=argv)
 
 
 if __name__ == "__main__":
