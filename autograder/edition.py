@@ -168,8 +168,28 @@ def _write_tree(root: Path, out: Path, parts: tuple[str, ...], repo: str | None)
                 dst.write_text(_makefile(path.read_text()))
             else:
                 done.regions += release_file(path, dst, rel)
+    _unlink_left_out(out)
     done.files = sum(1 for p in out.rglob("*") if p.is_file())
     return done
+
+
+_LINK = re.compile(r"\[([^\]]+)\]\(\s*<?([^)\s>]+)>?\s*\)")
+
+
+def _unlink_left_out(out: Path) -> None:
+    """A Markdown link to a file the edition leaves out (a benchmark that grades the reference,
+    the tests) becomes its text: the edition holds no link that goes nowhere."""
+    def keep(m: re.Match, here: Path) -> str:
+        target = m.group(2)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            return m.group(0)
+        return m.group(0) if (here / target.split("#")[0]).exists() else m.group(1)
+
+    for page in out.rglob("*.md"):
+        text = page.read_text()
+        new = _LINK.sub(lambda m, here=page.parent: keep(m, here), text)
+        if new != text:
+            page.write_text(new)
 
 
 def release_course(out: Path, *, root: Path = ROOT, force: bool = False) -> Written:
