@@ -16,7 +16,9 @@ import pytest
 
 from toolkit.comm.events import Event
 from toolkit.cost import AlphaBeta
-from toolkit.viz.ddp import dp_step_time, overlap_timeline, scaling_figure, scaling_table, stale_sgd
+from toolkit.viz.data_parallel import training_curves
+from toolkit.viz.ddp import (EFFICIENCY_TICKS, dp_step_time, overlap_timeline, scaling_figure,
+                             scaling_table, stale_sgd)
 from toolkit.widgets import SliderExplorer
 
 LINK = AlphaBeta(alpha=100e-6, beta=1e-9)
@@ -69,6 +71,10 @@ def test_scaling_table_efficiency_falls_and_stops_at_the_batch():
     fig = scaling_figure(rows)
     assert [len(t.x) for t in fig.data] == [5, 5, 5]
     assert list(fig.data[2].y) == pytest.approx(eff)
+    # The efficiency axis is ticked at round values, not lined up with the time axis's ticks.
+    assert fig.layout.yaxis2.tickmode == "array"
+    assert list(fig.layout.yaxis2.tickvals) == list(EFFICIENCY_TICKS) == [0, 0.2, 0.4, 0.6, 0.8, 1]
+    assert list(fig.layout.yaxis2.ticktext) == ["0", "0.2", "0.4", "0.6", "0.8", "1"]
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 4])
@@ -114,8 +120,48 @@ def test_overlap_timeline_draws_compute_and_buckets_per_rank():
     assert list(bars["backward compute", "rank 1 backward"].base) == pytest.approx([0.0, 10.0])
     assert list(fig.layout.yaxis.categoryarray) == ["rank 1 all-reduce", "rank 1 backward",
                                                    "rank 0 all-reduce", "rank 0 backward"]
+    assert list(rank1.text) == ["b0", ""]       # a bar of no width has no room for a label
+    assert [a.text for a in fig.layout.annotations] == [
+        "bi: bucket i's all-reduce; 1 bar(s) too narrow for a label: hover for their bucket"]
     with pytest.raises(ValueError, match="nothing to draw"):
         overlap_timeline([], {})
+
+
+@pytest.mark.parametrize("buckets, unlabelled", [(5, 0), (20, 10), (40, 39)])
+def test_overlap_timeline_labels_only_bars_wide_enough_and_says_so(buckets, unlabelled):
+    # One long bucket and many short ones, as a small cap makes: the short ones get no label
+    # (it would overflow into its neighbours or be dropped by plotly unannounced), keep their
+    # bucket number on hover, and the figure says how many are unlabelled.
+    t0 = 50.0
+    compute = {0: [("layer 0", t0, t0 + 0.100)]}
+    trace = [_event(0, 0, t0, t0 + 0.030)] + [
+        _event(0, i, t0 + 0.030 + 0.070 * (i - 1) / buckets, t0 + 0.030 + 0.070 * i / buckets)
+        for i in range(1, buckets)]
+    fig = overlap_timeline(trace, compute)
+    (comm0,) = [t for t in fig.data if t.y[0] == "rank 0 all-reduce"]
+    labels = list(comm0.text)
+    assert labels[0] == "b0"
+    narrow = 0.070 / buckets / 0.100        # each short bar's share of the time axis
+    for i, (label, width) in enumerate(zip(labels[1:], comm0.x[1:]), start=1):
+        wide_enough = narrow >= 0.012 * len(f"b{i}") + 0.01
+        assert label == (f"b{i}" if wide_enough else ""), (i, label, width)
+    assert [c[0] for c in comm0.customdata] == list(range(buckets))   # hover: every bucket
+    assert labels.count("") == unlabelled     # at 20: b1-b9 fit, the three-character b10-b19 not
+    notes = [a.text for a in fig.layout.annotations]
+    assert notes == ([] if not unlabelled else
+                     [f"bi: bucket i's all-reduce; {unlabelled} bar(s) too narrow for a label: "
+                      "hover for their bucket"])
+    assert fig.layout.uniformtext.mode == "hide"   # never shrunk below the label font
+
+
+def test_training_curves_draw_every_finite_value_and_name_a_blown_up_curve():
+    curves = {"k = 0": [1.0, 0.5, 0.25], "k = 4": [1.0, 3e8, 9.08e8, math.inf, math.inf]}
+    fig = training_curves(curves, x_title="update")
+    drawn = {t.name: list(t.y) for t in fig.data}
+    assert drawn == {"k = 0": [1.0, 0.5, 0.25], "k = 4": [1.0, 3e8, 9.08e8]}   # nothing capped
+    assert [a.text for a in fig.layout.annotations] == [
+        "k = 4: inf at update 3, not drawn from there"]
+    assert not training_curves({"a": [1.0, 2.0]}).layout.annotations
 
 
 def test_slider_explorer_redraws_on_every_change():
