@@ -154,6 +154,6 @@ def training_curves(curves: Mapping[str, Sequence[float]], *, title: str = "trai
         fig.add_annotation(text="<br>".join(notes), showarrow=False, xref="paper", yref="paper",
                            x=0.01, y=0.99, xanchor="left", yanchor="top", align="left",
                            font_size=11, bgcolor="rgba(255,255,255,0.8)")
-    if log_y:
-        fig.update_yaxes(type="log")
+    if log_y:   # powers of ten: "1B" on a loss axis would read as a size
+        fig.update_yaxes(type="log", exponentformat="power")
     return fig
