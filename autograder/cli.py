@@ -39,14 +39,21 @@ def _resolve(path: Path, lab: str | None) -> tuple[Path, Path]:
     """(lab folder, submission) from `grade`'s arguments. A slug is looked up in the labs root
     only (never in the current folder); a lab given as a path is taken as given. A copy of a
     lab (a lab folder elsewhere, e.g. in `make lab`'s workspace, or a file in one) is graded
-    by this installation's own lab of that name where it has one: its checks, hidden ones
-    included, not the copy's."""
+    by this installation's own lab of that name: its checks, hidden ones included, never the
+    copy's. A folder whose name no installed lab has is refused: its checks.py would run in the
+    grader, as the grader's user (root on a grading host), so only `--lab PATH` (a lab folder
+    the instructor names and trusts) may bring checks of its own."""
     if lab:
         return find_lab(lab, LABS_ROOT), path
     folder = path if path.is_dir() else path.parent
     if (folder / "checks.py").is_file():
         own = LABS_ROOT / folder.resolve().name
-        return (own if (own / "checks.py").is_file() else folder.resolve()), path
+        if (own / "checks.py").is_file():
+            return own, path
+        raise ValueError(f"{folder} is not one of this grader's labs (none is named "
+                         f"{folder.resolve().name!r}; `autograder labs` lists them), and the "
+                         "grader never runs a submission's own checks.py. Pass --lab with the "
+                         "lab it is for, or --lab PATH for a lab folder you trust")
     if path.is_file():
         owners = []
         for checks in sorted(LABS_ROOT.glob("*/checks.py")):

@@ -52,6 +52,23 @@ def kept_input(op) -> torch.Tensor | None:
         return None
 
 
+def in_blocks(values: torch.Tensor, blocks: list[torch.Tensor], same) -> list[int] | None:
+    """`values` read as whole blocks back to back, each used once, in any order: the indices
+    in the order found, until `values` or the blocks run out (what is left after them is not
+    read); None when no unused block matches (`same(piece, block)`) where one must start.
+    Greedy, O(len(blocks) · len(values)) comparisons at most: a flat buffer whose parameters a
+    rank laid out in its own order (lab 02's buckets, lab 03's flat shards) is read back."""
+    order, at, left = [], 0, list(range(len(blocks)))
+    while left and at < values.numel():
+        k = next((k for k in left if same(values[at:at + blocks[k].numel()], blocks[k])), None)
+        if k is None:
+            return None
+        order.append(k)
+        left.remove(k)
+        at += blocks[k].numel()
+    return order
+
+
 def describe(got, want: torch.Tensor) -> str:
     """Where `got` first differs from `want`, in words: type, shape, dtype or the element."""
     if not isinstance(got, torch.Tensor):
@@ -136,7 +153,7 @@ def compare_outputs(outputs: Sequence, expected: Sequence[torch.Tensor], *, worl
                           f"{describe(got, want)}")
 
 
-__all__ = ["TOLERANCE", "chunk_permutation", "close", "compare_outputs", "describe",
+__all__ = ["TOLERANCE", "chunk_permutation", "close", "compare_outputs", "describe", "in_blocks",
            "unexplained_message"]
 
 

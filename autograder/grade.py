@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from .devices import shared_note
-from .judging import CheckResult, PlannedCase, judge_launch, judge_run
+from .judging import NOT_JUDGED, CheckResult, PlannedCase, judge_launch, judge_run
 from .lab import Lab
 from .protocol import CaseKey, GroupKey
 from .sandbox.files import remove
@@ -40,7 +40,7 @@ from .sandbox.limits import Limits
 from .sandbox.plan import CasePlan, Job, LaunchPlan
 from .sandbox.scratch import unmount_below
 from .sandbox.session import run_session
-from .submission import Problem, locate, parse_problem
+from .submission import Problem, locate, parse_problem, read_sources
 from .sandbox.summary import UNCONFINED
 
 HARNESS = "_lab_harness.py"
@@ -149,11 +149,14 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
         raise ValueError(f"grade: a cuda grade of {lab.info.slug} needs its GPUs (1 to "
                          f"{max_ranks(lab)}; fewer than its ranks are shared), got {gpus!r}")
     start = time.monotonic()
+    limits = limits or Limits()
+    deadline = start + limits.wall_s  # everything below, judging included, ends by it
     submission = Path(submission)
     result = GradeResult(lab, str(submission))
     paths, problem = locate(lab.info.student_files, (lab.info.slug, lab.path.name), submission)
     result.files = {name: str(path) for name, path in paths.items()}
-    files = {name: path.read_bytes() for name, path in paths.items()}
+    files, unreadable = read_sources(paths) if problem is None else ({}, None)
+    problem = problem or unreadable
 
     def zero_all(problem: Problem) -> GradeResult:
         # Said once (GradeResult.problem); each check only says that it did not run, and why.
@@ -193,16 +196,18 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
               sources={n: b.decode("utf-8", "replace") for n, b in files.items()},
               device=device, gpus=",".join(str(g) for g in gpus or []) if device == "cuda"
               else "", unconfined=unconfined)
+    budget = f" of {limits.wall_s:g} s"
 
     def on_record(record) -> None:
-        judge_launch(lab, record, cases)
+        judge_launch(lab, record, cases, deadline=deadline, budget=budget)
         if progress is not None:
             how = "ok" if record.failure is None else record.failure.kind
             progress(f"{lab.checks[record.key.check].name} [{record.key.world_size} ranks]: "
                      f"{how} at {time.monotonic() - start:.1f} s")
 
     try:
-        run = run_session(job, launches, limits or Limits(), workdir, on_record=on_record)
+        run = run_session(job, launches, limits, workdir, deadline=deadline,
+                          on_record=on_record)
     finally:
         unmount_below(workdir)  # a launch's tmpfs, should a failure have skipped its cleanup
         remove(workdir)
@@ -231,7 +236,15 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
     for key, kind in hit:
         result.notes.append(f"{lab.checks[key.check].name} [{key.world_size} ranks] hit "
                             f"{kind}; the other checks ran on fresh ranks (total budget "
-                            f"{(limits or Limits()).wall_s:g} s).")
+                            f"{limits.wall_s:g} s).")
+    late = sum(1 for r in run.records.values() for v in r.verdicts or []
+               if v.kind == NOT_JUDGED and v.message.startswith("Not judged"))
+    unrun = sum(1 for r in run.records.values()
+                if r.failure is not None and r.failure.kind == "wall_limit")
+    if late or unrun:
+        result.notes.append(f"The grade's total budget{budget} ran out: {unrun} launch(es) "
+                            f"not run and {late} case(s) not judged score zero; everything "
+                            "judged before it is scored.")
     result.seconds = time.monotonic() - start
     return result
 

@@ -3,22 +3,36 @@
 A case is judged only when its launch finished (`GroupRecord.ok`); otherwise every case of the
 launch carries the launch's `Failure`. A finished case first passes the courier's own facts
 (a collective the courier refused fails it, kind builtin_collective, whatever its values), then
-its check's judge, which must not crash a grade on strange outputs: an exception there is a
-failed case with words, never a grader failure. Scores are shared equally among a check's cases.
+the form its lab declares for every rank's result (`autograder.outputs.conform`: shapes,
+dtypes, lengths and keys, before any arithmetic; what the form does not declare is dropped),
+then its check's judge, which must not crash a grade on strange outputs: an exception there is
+a failed case with words, never a grader failure. Scores are shared equally among a check's
+cases.
 
 The grader judges each launch as soon as it ends (`judge_launch`, called by the session) and
 keeps only its verdicts: the outputs and the courier's record of one launch (up to the
 courier's caps, `autograder.sandbox.courier`) never wait in memory for the next launch. The
 verdicts are those `judge_run` would give the full record after the last launch: the same
 function on the same facts, only sooner.
+
+Judging counts against the grade's time. `judge_launch` takes the grade's deadline: a case not
+judged by then is not judged (kind wall_limit, "not judged"), and a judge still running at the
+deadline is interrupted (SIGALRM, in the main thread, where the grader judges; a timer another
+caller had set is restored after), so a grade ends by its budget plus the time to stop its
+processes, whatever a judge would have cost (docs/grading.md, "A timeout that holds").
 """
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from .lab import CaseResult, Check, Lab
+from .outputs import Form, OutputError, conform
 from .protocol import CaseKey, GroupKey, GroupRecord, Verdict
 from .sanitize import printable
 
@@ -54,8 +68,25 @@ def _refused(result: CaseResult) -> Verdict | None:
     return None
 
 
-def judge_case(check: Check, result: CaseResult) -> Verdict:
-    bad = _refused(result)
+def _conformed(result: CaseResult, form: Form | None) -> Verdict | None:
+    """A failed verdict when a rank's result lacks its declared form; otherwise None, with
+    `result.outputs` replaced by the conformed results (only what the form declares)."""
+    if form is None:
+        return None
+    outputs = []
+    for rank, (out, inputs) in enumerate(zip(result.outputs, result.inputs)):
+        try:
+            outputs.append(conform(out, form(result.case, inputs, rank, result.world_size)))
+        except OutputError as err:
+            return Verdict(False, f"rank {rank}'s result does not have the form the lab's "
+                                  f"harness returns (nothing of it was judged): "
+                                  f"{printable(str(err))[:300]}")
+    result.outputs = outputs
+    return None
+
+
+def judge_case(check: Check, result: CaseResult, form: Form | None = None) -> Verdict:
+    bad = _refused(result) or _conformed(result, form)
     if bad is not None:
         return bad
     try:
@@ -69,8 +100,59 @@ def judge_case(check: Check, result: CaseResult) -> Verdict:
     return verdict
 
 
+NOT_JUDGED = "wall_limit"
+"""The kind of a case the grade's budget ran out before judging."""
+
+
+class OutOfTime(BaseException):
+    """The grade's deadline passed while judging (a BaseException: no judge's ``except
+    Exception`` may swallow it)."""
+
+
+@contextmanager
+def _until(deadline: float | None) -> Iterator[None]:
+    """Raise OutOfTime in this block at `deadline` (time.monotonic()): a real-time timer in the
+    main thread (elsewhere, or with no deadline, nothing is armed: callers check between
+    cases). A timer someone else had armed (pytest-timeout's) is put back, less the time spent
+    here."""
+    if deadline is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def ring(signum, frame):
+        raise OutOfTime()
+
+    began = time.monotonic()
+    old_handler = signal.signal(signal.SIGALRM, ring)
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL,
+                                               max(deadline - began, 1e-3))
+    try:
+        yield
+    finally:
+        while True:  # the timer may ring just as the block ends: disarm it whatever happens
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old_handler)
+                break
+            except OutOfTime:
+                continue
+        if old_delay:
+            signal.setitimer(signal.ITIMER_REAL,
+                             max(old_delay - (time.monotonic() - began), 1e-3), old_interval)
+
+
+def _not_judged(budget: str) -> Verdict:
+    return Verdict(False, f"Not judged: the grade used up its total budget{budget} before this "
+                          "case was judged.", NOT_JUDGED)
+
+
 def _launch_verdicts(check: Check, ci: int, record: GroupRecord,
-                     cases: dict[CaseKey, PlannedCase]) -> list[Verdict]:
+                     cases: dict[CaseKey, PlannedCase], form: Form | None,
+                     out: list[Verdict] | None = None,
+                     deadline: float | None = None) -> list[Verdict]:
+    """Every case of `record` judged, appended to `out` as it is (so that what was judged
+    before an OutOfTime is kept); cases past `deadline` are not judged."""
+    out = [] if out is None else out
     ws = record.key.world_size
     indices = [k for k, c in enumerate(check.cases) if c["world_size"] == ws]
     if record.failure is not None:
@@ -78,9 +160,11 @@ def _launch_verdicts(check: Check, ci: int, record: GroupRecord,
         message = f"[{ws} ranks] {f.message}"
         if f.kind == "exception" and record.log_tail.strip():
             message += f"\nWhat the ranks printed last:\n{record.log_tail.strip()[-800:]}"
-        return [Verdict(False, message, f.kind)] * len(indices)
-    out = []
+        out += [Verdict(False, message, f.kind)] * len(indices)
+        return out
     for k in indices:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise OutOfTime()
         planned = cases[CaseKey(ci, k)]
         outputs = record.outputs.get(k)
         traffic = record.traffic.get(k)
@@ -88,7 +172,7 @@ def _launch_verdicts(check: Check, ci: int, record: GroupRecord,
             out.append(Verdict(False, f"case {k}: the ranks returned no result", "exception"))
             continue
         out.append(judge_case(check, CaseResult(planned.case, ws, planned.inputs, outputs,
-                                                traffic)))
+                                                traffic), form))
     return out
 
 
@@ -104,10 +188,22 @@ def score(check: Check, verdicts: list[Verdict]) -> CheckResult:
     return CheckResult(check, points, passed, total, kind if passed < total else None, message)
 
 
-def judge_launch(lab: Lab, record: GroupRecord, cases: dict[CaseKey, PlannedCase]) -> None:
-    """Judge `record`'s cases now (`record.verdicts`) and drop its outputs and traffic."""
+def judge_launch(lab: Lab, record: GroupRecord, cases: dict[CaseKey, PlannedCase], *,
+                 deadline: float | None = None, budget: str = "") -> None:
+    """Judge `record`'s cases now (`record.verdicts`) and drop its outputs and traffic. Cases
+    not judged by `deadline` (time.monotonic()) are not judged (`budget` names the grade's
+    budget in their message, e.g. " of 60 s")."""
     ci = record.key.check
-    record.verdicts = _launch_verdicts(lab.checks[ci], ci, record, cases)
+    check = lab.checks[ci]
+    judged: list[Verdict] = []
+    try:
+        with _until(deadline):
+            _launch_verdicts(check, ci, record, cases, lab.outputs.get(check.call), judged,
+                             deadline)
+    except OutOfTime:
+        n = sum(1 for c in check.cases if c["world_size"] == record.key.world_size)
+        judged += [_not_judged(budget)] * (n - len(judged))
+    record.verdicts = judged
     record.outputs.clear()
     record.traffic.clear()
 
@@ -126,9 +222,11 @@ def judge_run(lab: Lab, records: dict[GroupKey, GroupRecord],
                                      "skipped")] * n
                 continue
             verdicts += (record.verdicts if record.verdicts is not None
-                         else _launch_verdicts(check, ci, record, cases))
+                         else _launch_verdicts(check, ci, record, cases,
+                                               lab.outputs.get(check.call)))
         results.append(score(check, verdicts))
     return results
 
 
-__all__ = ["CheckResult", "PlannedCase", "judge_case", "judge_launch", "judge_run", "score"]
+__all__ = ["NOT_JUDGED", "CheckResult", "OutOfTime", "PlannedCase", "judge_case", "judge_launch",
+           "judge_run", "score"]

@@ -10,7 +10,8 @@ A lab folder (``labs/NN_slug/``) holds:
   ranks make (``CALLS[name](student_module, call) -> output``, where `call` is an
   `autograder.sandbox.probe.Call`: rank, world size, the case's public parameters and this
   rank's inputs alone); copied into the sandbox for the calls;
-* ``checks.py``: ``LAB`` (a `LabInfo`) and ``CHECKS`` (the visible `Check` list);
+* ``checks.py``: ``LAB`` (a `LabInfo`), ``CHECKS`` (the visible `Check` list) and ``OUTPUTS``
+  (call name → the form of a rank's result, `autograder.outputs`: checked before any judge);
 * ``hidden/checks.py`` (instructors only; `release` leaves it out, listing only the names and
   points of its checks in ``hidden_checks.json``): more ``CHECKS``;
 * a playground notebook.
@@ -30,6 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
+from .outputs import Form
 from .protocol import RankTraffic, Verdict, canonical_op
 from .sandbox.rank import load_module
 from .sandbox.reduce import COLLECTIVES
@@ -141,6 +143,9 @@ class Lab:
     hidden_listed: list[tuple[str, float]] = field(default_factory=list)
     """A student edition's list of the hidden checks it lacks (name, points), from the
     release's ``hidden_checks.json``: the report says what the instructor's grade adds."""
+    outputs: dict[str, Form] = field(default_factory=dict)
+    """Call name → the form of a rank's result (checks.py's ``OUTPUTS``; `autograder.outputs`):
+    every result is checked against it before its judge reads it."""
 
     @property
     def module(self) -> str:
@@ -198,7 +203,8 @@ def load_lab(path: Path, *, hidden: bool = True) -> Lab:
     if not hidden_path.is_file() and (path / HIDDEN_LIST).is_file():
         listed = [(str(c["name"]), float(c["points"]))
                   for c in json.loads((path / HIDDEN_LIST).read_text())["checks"]]
-    return Lab(checks_mod.LAB, path, checks, harness, hidden_loaded, listed)
+    return Lab(checks_mod.LAB, path, checks, harness, hidden_loaded, listed,
+               dict(getattr(checks_mod, "OUTPUTS", {})))
 
 
 __all__ = ["CaseResult", "Check", "Lab", "LabInfo", "Verdict", "find_lab", "load_lab",

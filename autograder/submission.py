@@ -13,6 +13,13 @@ and the message says where it looked. A single file is taken as the lab's file w
 file's name, or (for a one-file lab) any ``.py`` name (a batch folder of ``alice.py``, ...);
 anything else (``README.md``, a notebook) is refused naming the file to grade instead.
 
+Nothing is followed: a symbolic link anywhere from the submission folder down to a file (the
+file itself, ``labs/``, the lab folder) is refused, and each file is read with ``O_NOFOLLOW``
+and ``O_NONBLOCK``, only if it is a regular file, and at most `MAX_SOURCE_BYTES` of it
+(`read_sources`). The grader runs as root: a submitted link to the reference solution scored
+100, one to /etc/shadow was quoted in the report, one to /proc/kmsg blocked the grader past its
+timeout (red team 8).
+
 Each refusal is one `Problem` (a failure kind of `autograder.failures.KINDS` and one message),
 which the grade reports once, above its checks, instead of under every check.
 """
@@ -20,8 +27,14 @@ which the grade reports once, above its checks, instead of under every check.
 from __future__ import annotations
 
 import ast
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+MAX_SOURCE_BYTES = 4 << 20
+"""A student file larger than this (4 MiB; the labs' reference files are under 40 KiB) is
+refused before it is read in full."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,8 @@ def locate(student_files: tuple[str, ...], slugs: tuple[str, ...], submission: P
     `slugs`: the lab's names for its folder (``LAB.slug`` and the lab folder's name)."""
     submission = Path(submission)
     wanted = list(student_files)
+    if submission.is_symlink():  # a batch folder's entry may not lead to another's files
+        return {}, _link_problem(submission)
     if submission.is_file():
         name = submission.name
         if name in wanted or (len(wanted) == 1 and submission.suffix == ".py"):
@@ -56,6 +71,9 @@ def locate(student_files: tuple[str, ...], slugs: tuple[str, ...], submission: P
         return {}, Problem("missing_file", f"{submission} does not exist.")
     found: dict[str, Path] = {}
     for name in wanted:
+        linked = [p for p in _places(submission, name, slugs) if _linked_below(submission, p)]
+        if linked:
+            return {}, _link_problem(linked[0])
         hits = list(dict.fromkeys(p.resolve() for p in _places(submission, name, slugs)
                                   if p.is_file()))
         if len(hits) > 1:
@@ -72,6 +90,52 @@ def locate(student_files: tuple[str, ...], slugs: tuple[str, ...], submission: P
         return {}, Problem("missing_file", f"The submission has no {', '.join(missing)} "
                            f"(looked for {looked}).{hint}")
     return found, None
+
+
+def _linked_below(root: Path, path: Path) -> bool:
+    """Whether a component of `path` below `root` (the file included) is a symbolic link."""
+    here = root
+    for part in path.relative_to(root).parts:
+        here = here / part
+        if here.is_symlink():
+            return True
+        if not here.exists():
+            return False
+    return False
+
+
+def _link_problem(path: Path) -> Problem:
+    return Problem("missing_file", f"{path} is a symbolic link (or lies below one): the grader "
+                   "follows no links. Submit the file itself.")
+
+
+def read_sources(paths: dict[str, Path]) -> tuple[dict[str, bytes], Problem | None]:
+    """Each located file's bytes, read without following a link or blocking: only regular
+    files, at most `MAX_SOURCE_BYTES` each; else the problem that stops the grade."""
+    out: dict[str, bytes] = {}
+    for name, path in paths.items():
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as err:
+            return {}, Problem("missing_file", f"{path} cannot be read ({err.strerror}): "
+                               "submit the file itself.")
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return {}, Problem("missing_file", f"{path} is not a regular file: submit the "
+                                   f".py file you edited.")
+            if info.st_size > MAX_SOURCE_BYTES:
+                return {}, Problem("missing_file", f"{path} is {info.st_size:,} bytes, over "
+                                   f"the {MAX_SOURCE_BYTES >> 20} MiB a lab file may have.")
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read(MAX_SOURCE_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(data) > MAX_SOURCE_BYTES:
+            return {}, Problem("missing_file", f"{path} grew past {MAX_SOURCE_BYTES >> 20} MiB "
+                               "while it was read.")
+        out[name] = data
+    return out, None
 
 
 def _either(names: list[str]) -> str:
@@ -98,4 +162,4 @@ def parse_problem(files: dict[str, bytes]) -> Problem | None:
     return None
 
 
-__all__ = ["Problem", "locate", "parse_problem"]
+__all__ = ["MAX_SOURCE_BYTES", "Problem", "locate", "parse_problem", "read_sources"]

@@ -6,9 +6,12 @@ contents kept for the judges). The caps must sit well above what any correct sol
 this script grades each lab's reference solution (every visible and hidden check) and prints,
 for the launch that needed most, each of those figures, and the grading process's peak RSS
 (``ru_maxrss``, one fresh process per grade). With ``--attack PATH`` it grades a lab-01
-submission (the red team's) the same way and prints the peak RSS.
+submission (the red team's) the same way and prints the peak RSS; with ``--fault LAB/NAME`` a
+fault of the corpus (``tests/faults/LAB/NAME.py`` appended to the lab's reference, as the fault
+tests build it) on the lab's visible checks, beside the reference's own visible grade.
 
 Usage: python benchmarks/grader_footprint.py [--labs 01,02,...] [--attack DIR_OR_FILE ...]
+       [--fault 06_mixed_precision/broadcast_shapes ...]
 Memory, not time: a loaded machine changes nothing here but the seconds.
 """
 
@@ -18,6 +21,8 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,17 +79,43 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.2f} MiB"
 
 
+def _student(lab_dir: Path) -> Path:
+    """The lab's (first) student file: the reference solution."""
+    sys.path.insert(0, str(ROOT))
+    from autograder.lab import load_lab
+
+    return lab_dir / load_lab(lab_dir, hidden=False).info.student_files[0]
+
+
+def fault(spec: str, folder: Path) -> None:
+    """Grade fault `spec` (LAB/NAME) and the reference on the lab's visible checks; print each
+    grade's score, kinds, seconds and the grader's peak RSS."""
+    lab, name = spec.split("/")
+    reference = _student(LABS / lab)
+    path = folder / name / reference.name
+    path.parent.mkdir(parents=True)
+    path.write_text(reference.read_text() + f"\n\n# ---- fault: {name} ----\n\n"
+                    + (ROOT / "tests" / "faults" / lab / f"{name}.py").read_text())
+    for what, sub in (("reference", reference), (name, path)):
+        start = time.monotonic()
+        m = measure(lab, sub, hidden=False)
+        print(f"{lab} {what}: {m['score']:g}/{m['max']:g} (kinds {m['kinds']}), "
+              f"{time.monotonic() - start:.1f} s; grader peak RSS {m['rss_mib']:,.0f} MiB")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--labs", default="01,02,03,04,05,06,07",
                     help="comma-separated lab numbers, or ''")
     ap.add_argument("--attack", nargs="*", default=[],
                     help="lab-01 submissions to grade (visible checks), peak RSS printed")
+    ap.add_argument("--fault", nargs="*", default=[],
+                    help="faults of the corpus, LAB/NAME (tests/faults/LAB/NAME.py), graded on "
+                         "the lab's visible checks beside its reference; peak RSS printed")
     args = ap.parse_args()
     for number in [n for n in args.labs.split(",") if n]:
         lab_dir = next(p for p in sorted(LABS.iterdir()) if p.name.startswith(number))
-        student = next(p for p in sorted(lab_dir.glob("*.py"))
-                       if p.stem not in ("harness", "checks", "expected", "layouts"))
+        student = _student(lab_dir)
         m = measure(lab_dir.name, student)
         print(f"{lab_dir.name}: {m['score']:g}/{m['max']:g}, {m['launches']} launches; most in "
               f"one launch: returned {_mib(m['returned'])}, {m['calls']:,} calls and marks "
@@ -95,6 +126,10 @@ def main() -> None:
         print(f"{path}: {m['score']:g}/{m['max']:g} (kinds {m['kinds']}), returned "
               f"{_mib(m['returned'])}, {m['calls']:,} calls and marks ({m['marks']:,} marks) "
               f"in the launch that made most; grader peak RSS {m['rss_mib']:,.0f} MiB")
+    if args.fault:
+        with tempfile.TemporaryDirectory() as tmp:
+            for spec in args.fault:
+                fault(spec, Path(tmp))
 
 
 if __name__ == "__main__":

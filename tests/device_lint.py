@@ -58,9 +58,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("toolkit/tensor_parallel/layers.py", "_dense_init"):
         "the full dense weight from a CPU generator, bitwise the same on every rank and device "
         "(Megatron's CPU initialisation); each rank copies its slice onto its parameter's device",
-    ("labs/01_collectives/harness.py", "make_input"):
-        "seeded inputs from a CPU generator, shared with the grader's expected values (computed "
-        "on the CPU); the rank-side calls move them to toolkit.launch.device()",
     ("labs/02_ddp/harness.py", "make_data"):
         "seeded batch from a CPU generator, shared with the grader's single-process reference; "
         "micro_batches moves the rank's share to its device",

@@ -5,6 +5,7 @@ GPUs. Grading labs on real GPUs is tests/test_gpu_grading.py (skipped without GP
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,9 @@ from autograder.devices import (
 from autograder.grade import grade, max_ranks
 from autograder.lab import load_lab
 from autograder.sandbox.channel import pack, unpack
+from autograder.sandbox import confine, landlock, limits, zygote
 from autograder.sandbox.confine import rank_env
+from autograder.sandbox.limits import Limits
 from autograder.sandbox.paths import rank_paths
 from toolkit.launch import gpu_count
 
@@ -94,13 +97,80 @@ def test_shared_gpus_are_said_in_the_report_and_each_rank_gets_gpu_r_mod_g():
         grade(lab01, REFERENCE, device="cuda", gpus=[])
 
 
-def test_a_cuda_rank_may_open_the_gpu_nodes_only_on_a_cuda_grade(tmp_path):
+def test_a_cuda_rank_may_open_the_gpu_nodes_only_on_a_cuda_grade(tmp_path, monkeypatch):
     cpu_read, cpu_write, _ = rank_paths(tmp_path, tmp_path / "home")
     gpu_read, gpu_write, _ = rank_paths(tmp_path, tmp_path / "home", gpu=True)
-    assert cpu_write == [str(tmp_path / "home"), "/dev/null"]
-    added = set(gpu_write) - set(cpu_write)
-    assert all(p.startswith("/dev/nvidia") and Path(p).exists() for p in added)
+    assert cpu_write == gpu_write == [str(tmp_path / "home"), "/dev/null"]
+    added = set(gpu_read) - set(cpu_read)
+    assert all(p.startswith(("/proc/driver/nvidia", "/sys/")) for p in added)
     assert not any("nvidia" in p for p in cpu_read + cpu_write)
+    # The nodes themselves get read, write and ioctl (Landlock ABI 5), on a cuda grade only.
+    seen = {}
+
+    def restrict(read, write, listing, **kw):
+        seen.update(kw)
+        return 5
+
+    monkeypatch.setattr(confine.landlock, "abi_version", lambda: 5)
+    monkeypatch.setattr(confine.landlock, "restrict", restrict)
+    monkeypatch.setattr(confine, "gpu_nodes", lambda: ["/dev/nvidiactl", "/dev/nvidia0"])
+    spec = {"code": str(tmp_path), "toolkit": ()}
+    confine._landlock({**spec, "device": "cuda:0"}, tmp_path / "home")
+    assert seen["devices"] == ["/dev/nvidiactl", "/dev/nvidia0"]
+    confine._landlock({**spec, "device": "cpu"}, tmp_path / "home")
+    assert tuple(seen["devices"]) == ()
+
+
+def test_landlock_gives_device_rules_the_ioctl_right(monkeypatch):
+    rules = []
+    monkeypatch.setattr(landlock, "abi_version", lambda: 5)
+    monkeypatch.setattr(landlock, "_add_rule", lambda libc, rs, path, rights: rules.append(
+        (path, rights)))
+
+    class Libc:  # create_ruleset answers a descriptor restrict may close; the rest succeed
+        made = False
+
+        def syscall(self, *args):
+            if not self.made:
+                self.made = True
+                return os.open(os.devnull, os.O_RDONLY)
+            return 0
+
+        def prctl(self, *args):
+            return 0
+
+    monkeypatch.setattr(landlock, "_libc", Libc)
+    landlock.restrict(["/usr"], ["/tmp/h"], devices=["/dev/nvidia0"])
+    rights = dict(rules)
+    assert rights["/dev/nvidia0"] & landlock.IOCTL_DEV
+    assert not rights["/tmp/h"] & landlock.IOCTL_DEV and not rights["/usr"] & landlock.IOCTL_DEV
+
+
+def test_a_cuda_rank_has_no_address_space_cap(monkeypatch):
+    """The CUDA driver reserves tens of GiB of addresses when it starts: RLIMIT_AS would fail
+    it, so a cuda grade's ranks are bounded by the watchdog's resident sum instead."""
+    set_to = {}
+    monkeypatch.setattr(limits.resource, "setrlimit", lambda which, v: set_to.update({which: v}))
+    limits.apply_rlimits(Limits(), 12345, address_space=False)
+    assert limits.resource.RLIMIT_AS not in set_to and limits.resource.RLIMIT_NPROC in set_to
+    limits.apply_rlimits(Limits(), 12345)
+    assert set_to[limits.resource.RLIMIT_AS][0] == Limits().memory_mb * limits.MB
+
+
+def test_the_fork_server_warms_autograd_only_with_the_gpus_hidden(monkeypatch):
+    """autograd's first backward starts the CUDA driver where GPUs are visible; a cuda grade's
+    fork server must not (its forked ranks' CUDA calls would fail)."""
+    import torch
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: calls.append(1))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    zygote._warm()
+    assert calls == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    zygote._warm()
+    assert calls == [1]
+    assert confine.rank_env({"home": "/h", "rank": 0, "world_size": 2})[
+        "PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
 
 
 def test_tensors_are_encoded_as_cpu_copies_on_any_device():

@@ -1,8 +1,8 @@
 """Fair to every correct solution (issue 19, section 5): independent correct solutions of labs
-02-05 and 07, written from the student editions and kept in tests/fairness/, and lab 01's
-reference with correct variants (other cuts, other ring directions), score 100 with the hidden
-checks; the feedback on the usual mistakes names them; a lab slug never resolves to a
-student copy."""
+02-05 and 07, written from the student editions and kept in tests/fairness/, and labs 01, 02
+and 06's references with correct variants (other cuts, other ring directions, other forms of
+lab 06's inf/NaN flag: issue 30), score 100 with the hidden checks; the feedback on the usual
+mistakes names them; a lab slug never resolves to a student copy."""
 
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ def _solution(lab: str, base: str, variant: str | None, folder: Path) -> Path:
     ("03_sharded_optimizer", "sharding.py", None),
     ("04_pipeline_schedule", "schedules.py", None),
     ("05_tensor_parallel_mlp", "tp_mlp.py", None),
+    ("06_mixed_precision", "mixed_precision.py", "two_float64_flags"),
+    ("06_mixed_precision", "mixed_precision.py", "flag_in_gradients"),
     ("07_expert_parallel", "moe_exchange.py", None),
 ])
 def test_independent_solutions_score_full_marks(lab, base, variant, tmp_path):

@@ -39,6 +39,10 @@ MEMORY_FAULTS = {
     "result_tree_bomb": (["ar4", "ar4", "tree", "ag"], "result_limit",
                          r"more than 20,000 values", 1024, 60),
     "stack_flood": (["ar", "tree", "ag"], "deadlock", r"rank 0 in 14,99\d more calls", 640, 150),
+    # 200 nodes naming one 8 MiB payload: 1.6 GB per frame once decoded, before tensors had to
+    # name bytes of their own (issue 30); refused now before a tensor is built.
+    "result_alias": (["ar4", "ar4", "tree", "ag"], "tampering",
+                     r"two tensors name the same bytes", 640, 30),
 }
 
 _CHILD = """
@@ -94,6 +98,49 @@ def test_a_memory_attack_costs_its_checks_and_the_grader_stays_bounded(fault, tm
     assert got["rss_mib"] < bound_mib, f"the grader peaked at {got['rss_mib']:,.0f} MiB"
 
 
+# Other labs' attacks on the judges (issue 30), graded on the first case of the visible checks
+# named (faultkit.grade_fault_on_checks) in a child that reports its peak RSS: lab → (fault,
+# check name prefixes, the kind each gets, the pattern its message has, the bound in MiB).
+JUDGE_FAULTS = {
+    # (2²¹, 1, 1) bf16 results broadcast against the reference: 5.4 GB before forms
+    "06_mixed_precision": ("broadcast_shapes", ["LossScaler.unscale_", "all_reduce_gradients",
+                                                "train_step: masters follow"], "wrong_result",
+                           r"does not have the form .* shape \(2097152, 1, 1\), expected", 640),
+    # 20,000 all-reduces in one backward: a judge quadratic in them took 9.9 s a call
+    "02_ddp": ("traffic_flood", ["DDP: one all-reduce per bucket"], "wrong_result",
+               r"20006 all-reduces in 2 steps", 640),
+}
+
+_JUDGE_CHILD = """
+import json, resource, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from faultkit import grade_fault_on_checks
+lab_dir, faults, fault, prefixes, tmp = sys.argv[1:6]
+checks = grade_fault_on_checks(Path(lab_dir), Path(faults), fault, json.loads(prefixes),
+                               Path(tmp))
+print(json.dumps({{"rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "checks": [[c.score, c.kind, c.message] for c in checks]}}))
+"""
+
+
+@pytest.mark.parametrize("lab", sorted(JUDGE_FAULTS))
+def test_a_judge_attack_fails_its_checks_and_the_grader_stays_bounded(lab, tmp_path):
+    fault, prefixes, kind, says, bound_mib = JUDGE_FAULTS[lab]
+    script = tmp_path / "judge_child.py"
+    script.write_text(_JUDGE_CHILD.format(tests=str(ROOT / "tests")))
+    out = subprocess.run([sys.executable, str(script), str(ROOT / "labs" / lab),
+                          str(ROOT / "tests" / "faults" / lab), fault, json.dumps(prefixes),
+                          str(tmp_path / "runs")], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    for score, got_kind, message in got["checks"]:
+        assert (score, got_kind) == (0, kind), (got_kind, message)
+        assert re.search(says, message), message
+    assert got["rss_mib"] < bound_mib, f"the grader peaked at {got['rss_mib']:,.0f} MiB"
+
+
 def test_judging_each_launch_as_it_ends_changes_no_result(tmp_path, monkeypatch):
     """The same grade (same secret) judged launch by launch, dropping each launch's outputs
     and record, and judged all at once after the last launch: the same scores, kinds and
@@ -103,8 +150,8 @@ def test_judging_each_launch_as_it_ends_changes_no_result(tmp_path, monkeypatch)
     path = submission("mistake_chunk_order", tmp_path / "submissions")
     dropped = []
 
-    def judged_now(lab_, record, cases):
-        judge_launch(lab_, record, cases)
+    def judged_now(lab_, record, cases, **budget):
+        judge_launch(lab_, record, cases, **budget)
         dropped.append((record.verdicts is not None, record.outputs, record.traffic))
 
     def summary():
@@ -113,7 +160,7 @@ def test_judging_each_launch_as_it_ends_changes_no_result(tmp_path, monkeypatch)
 
     monkeypatch.setattr(grade_module, "judge_launch", judged_now)
     early = summary()
-    monkeypatch.setattr(grade_module, "judge_launch", lambda lab_, record, cases: None)
+    monkeypatch.setattr(grade_module, "judge_launch", lambda lab_, record, cases, **_: None)
     late = summary()
     assert early == late
     assert len(dropped) == 4 and all(d == (True, {}, {}) for d in dropped)

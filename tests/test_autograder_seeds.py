@@ -1,6 +1,7 @@
-"""Per-rank inputs of labs 05, 06 and 07 come from independent hashed streams (`autograder.seeds`;
-issue 19, pass 3): one rank's inputs reveal no other rank's, and a rank of lab 05's MLP or of
-lab 07's layer holds only its own shard or experts."""
+"""Per-rank inputs of every lab come from independent hashed streams (`autograder.seeds`; issue
+19, pass 3, for labs 05-07; issue 30 for labs 01-03, which used ``seed·1009 + rank``,
+``1000·seed + rank`` and ``7 + seed``): one rank's inputs reveal no other rank's, and a rank
+of lab 05's MLP or of lab 07's layer holds only its own shard or experts."""
 
 from __future__ import annotations
 
@@ -89,3 +90,36 @@ def test_lab06_ranks_draw_from_their_own_streams():
     w0 = torch.randn(2, 3, generator=generator(SEED, "shared"), dtype=torch.float64) * 0.5
     assert torch.equal(t[0]["w0"], w0) and torch.equal(t[1]["w0"], w0)
     assert not torch.equal(t[0]["x"], t[1]["x"])
+
+
+def test_labs_01_to_03_draw_from_hashed_streams():
+    """Lab 01: rank r's tensor from stream ("rank", r). Lab 02: rank r's initial model from
+    ("model", r), the batch from "data". Lab 03: the model from "model", the batch from "data".
+    No stream is another's seed plus one (the old linear seeds)."""
+    lab1 = load_lab(find_lab("01_collectives"), hidden=False)
+    case = {"world_size": 3, "numel": 5, "dtype": "float64", "seed": SEED}
+    xs = lab1.harness.make_inputs(case, 3)
+    for r, x in enumerate(xs):
+        assert torch.equal(x, torch.randn(5, generator=generator(SEED, "rank", r),
+                                          dtype=torch.float64))
+    near = torch.Generator().manual_seed(stream_seed(SEED, "rank", 0) + 1)
+    assert not torch.equal(xs[1], torch.randn(5, generator=near, dtype=torch.float64))
+
+    lab2 = load_lab(find_lab("02_ddp"), hidden=False)
+    case = {"world_size": 2, "seed": SEED, "model": "toy", "steps": 1}
+    inputs = lab2.harness.make_inputs(case, 2)
+    torch.manual_seed(stream_seed(SEED, "model", 1))
+    a_weight = torch.nn.Linear(7, 5).weight  # the toy's first layer, drawn first
+    assert torch.equal(inputs[1]["state"]["a.weight"], a_weight.detach())
+    assert not torch.equal(inputs[0]["state"]["a.weight"], inputs[1]["state"]["a.weight"])
+    data = torch.randn(8, 7, generator=generator(SEED, "data"))
+    assert torch.equal(torch.cat([inputs[r]["batches"][0][0] for r in range(2)]), data)
+    assert not lab2.harness._stream({"world_size": 2}, "model", 0)  # a rank's case: no seed
+
+    lab3 = load_lab(find_lab("03_sharded_optimizer"), hidden=False)
+    case = {"world_size": 2, "seed": SEED, "dims": [3, 2], "frozen": []}
+    inputs = lab3.harness.make_inputs(case, 2)
+    torch.manual_seed(stream_seed(SEED, "model"))
+    assert torch.equal(inputs[0]["state"]["0.weight"], torch.nn.Linear(3, 2).weight.detach())
+    x = torch.randn(12, 3, generator=generator(SEED, "data"))
+    assert torch.equal(torch.cat([inputs[r]["batch"][0] for r in range(2)]), x)

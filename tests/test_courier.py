@@ -15,7 +15,8 @@ import torch
 
 from autograder.protocol import RankTraffic
 from autograder.sandbox import files, reduce
-from autograder.sandbox.channel import FrameError, FrameReader, make_tensor, pack, unpack
+from autograder.sandbox.channel import (FrameError, FrameReader, TreeTooLarge, make_tensor, pack,
+                                        unpack, unpack_counted)
 from autograder.sandbox.courier import Courier
 from autograder.sandbox.courier_frames import handle
 from autograder.sandbox.plan import CasePlan
@@ -220,6 +221,26 @@ def test_trees_round_trip_and_refuse_lies():
         unpack({"__tensor__": ["float32", [10**9], 0, 8]}, bytes(8))
     with pytest.raises(FrameError):
         unpack({"__tensor__": ["pickle", [1], 0, 1]}, bytes(1))
+
+
+def test_tensors_of_a_tree_must_name_bytes_of_their_own():
+    """pack gives each tensor its own bytes; a hand-written tree whose nodes overlap would be
+    decoded once per node (200 nodes on one 8 MiB payload: 1.6 GB), so it is refused before
+    anything is built, and the decoded bytes are counted per tensor."""
+    node = {"__tensor__": ["float32", [4], 0, 16]}
+    with pytest.raises(FrameError, match="same bytes"):
+        unpack_counted([node, node], bytes(16))
+    with pytest.raises(FrameError, match="same bytes"):  # a partial overlap too
+        unpack_counted([node, {"__tensor__": ["float32", [2], 8, 8]}], bytes(24))
+    tree, payload = pack([torch.ones(4), torch.zeros(0), {"x": torch.arange(3)}])
+    value, nodes, decoded = unpack_counted(tree, payload)
+    assert decoded == 16 + 24 == len(payload) and nodes == 5
+    with pytest.raises(TreeTooLarge) as err:
+        unpack_counted(tree, payload, max_bytes=39)
+    assert err.value.what == "bytes"
+    with pytest.raises(TreeTooLarge) as err:
+        unpack_counted([[]] * 10, b"", max_nodes=5)
+    assert err.value.what == "values"
 
 
 def test_sections_and_marks_split_a_ranks_calls():

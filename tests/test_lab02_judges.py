@@ -16,7 +16,7 @@ LAB = load_lab(Path(__file__).resolve().parents[1] / "labs" / "02_ddp")
 import _lab_harness as harness  # noqa: E402  (registered by load_lab)
 
 checks = next(c for c in LAB.checks if c.call == "train").judge.__globals__  # checks.py's names
-hint = checks["_bytes_hint"]
+hint = checks["tr"].bytes_hint
 
 
 def nbytes(ps) -> int:
@@ -78,3 +78,16 @@ def test_buckets_are_judged_on_the_case_sizes():
     assert not v.passed and said in v.message, v.message
     v = _buckets(_right_rows() * 75)  # lab02_bucket_rows_time: extra rows are refused
     assert not v.passed and "got 300 rows" in v.message, v.message
+
+
+def test_an_all_reduce_carries_a_bucket_in_any_layout_or_over_p():
+    """A bucket's flat buffer may lay its parameters out in any order, and may be divided by
+    p before the all-reduce (as torch's DDP does); anything else is no bucket's gradient."""
+    carries = checks["tr"]._carries
+    a, b = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64), torch.tensor([0.5, 4.0],
+                                                                            dtype=torch.float64)
+    assert carries(torch.cat([a, b]), [a, b], 2) and carries(torch.cat([b, a]), [a, b], 2)
+    assert carries(torch.cat([a, b]) / 2, [a, b], 2)
+    assert not carries(torch.cat([a, b]) * 2, [a, b], 2)          # summed twice: no
+    assert not carries(torch.zeros(5, dtype=torch.float64), [a, b], 2)  # a decoy of zeros
+    assert not carries(torch.cat([a, b])[:4], [a, b], 2) and not carries(None, [a, b], 2)

@@ -10,7 +10,9 @@ reference's full marks are tested with every lab in test_autograder.py."""
 from __future__ import annotations
 
 import pytest
-from faultkit import ROOT, assert_fault
+from faultkit import ROOT, assert_fault, run_grade, source, submission
+
+from autograder.lab import load_lab
 
 LAB_DIR = ROOT / "labs" / "03_sharded_optimizer"
 FAULTS = ROOT / "tests" / "faults" / "03_sharded_optimizer"
@@ -20,18 +22,22 @@ RELEASE = "FSDPLinear: 2 all-gathers"
 
 # fault -> {check: (passes, regexes its message must match when it fails)}
 CASES = {
-    "bounds_rows": {BOUNDS: (False, [r"one result per \(n, p\) pair, 16 in all; got 0 rows"])},
-    "replicated_state": {ZERO: (True, []),
+    "bounds_rows": {BOUNDS: (False, [r"result does not have the form the lab's harness returns "
+                                     r"\(nothing of it was judged\): 0 items, expected 16"])},
+    "replicated_state": {ZERO: (False, [r"the parameters are right, but the run was not "
+                                         r"sharded: rank 0's reduce-scatters took \[108, 108, "
+                                         r"108\] elements in", r"p·S = 54"]),
                          STATE: (False, [r"reduce-scatters took \[116, 116, 116\] elements in",
                                          r"p·S = 58"])},
     "fsdp_keep_full": {FSDP: (True, []),
                        RELEASE: (False, [r"rank 0 still held \d[\d,]* bytes of gathered parameters "
                                          r"after forward"])},
     "fair_all_gather_list": {FSDP: (True, []), RELEASE: (True, [])},
-    "allgather_grads": {ZERO: (True, []),
+    "allgather_grads": {ZERO: (False, [r"not sharded: rank 0's all-gather in step 1 did not "
+                                       r"take in its shard of the updated parameters"]),
                         STATE: (False, [r"rank 0's all-gather in step 1 did not take in its "
                                         r"shard of the updated parameters"])},
-    "zero_hooks_broadcast": {ZERO: (True, []),
+    "zero_hooks_broadcast": {ZERO: (False, [r"not sharded: rank 0's broadcast 1"]),
                              STATE: (False, [r"rank 0's broadcast 1: it sent something "
                                              r"other than the initial parameters"])},
     "fsdp_list_parts": {FSDP: (True, []),
@@ -41,7 +47,14 @@ CASES = {
                            RELEASE: (False, [r"rank 0 still held \d[\d,]* bytes of gathered "
                                              r"parameters after forward"])},
     "fair_zero_reversed": {ZERO: (True, []), STATE: (True, [])},
-    "zero_signed_zeros": {ZERO: (True, []), STATE: (False, [r"rank 0's broadcast \d+: "])},
+    "zero_signed_zeros": {ZERO: (False, [r"not sharded: rank 0's broadcast \d+: "]),
+                          STATE: (False, [r"rank 0's broadcast \d+: "])},
+    # Issue 30: no sharding at all (all-reduces only): 74/100 on values alone before.
+    "allreduce_no_sharding": {ZERO: (False, [r"not sharded: rank 0 called all_reduce 3 times"]),
+                              STATE: (False, [r"rank 0 called all_reduce 3 times"]),
+                              FSDP: (False, [r"not sharded: rank 0 called all_reduce: FSDP "
+                                             r"reduce-scatters"]),
+                              RELEASE: (False, [r"rank 0 called all_reduce"])},
     "fsdp_parts_own_slot": {FSDP: (True, []),
                             RELEASE: (False, [r"rank 0 still held \d[\d,]* bytes of gathered "
                                               r"parameters after forward"])},
@@ -61,6 +74,18 @@ CASES = {
 @pytest.mark.parametrize("fault", sorted(CASES))
 def test_checks_rest_on_the_case_and_the_courier(fault, tmp_path):
     assert_fault(LAB_DIR, FAULTS, fault, CASES[fault], tmp_path)
+
+
+@pytest.mark.multirank
+def test_a_run_without_sharding_scores_only_the_pure_functions(tmp_path):
+    """Issue 30: all-reduces instead of sharding kept 74 points on values; now only the pure
+    functions' 12 (shard_bounds and flatten_padded, visible and hidden)."""
+    lab = load_lab(LAB_DIR)
+    fault = "allreduce_no_sharding"
+    text = source(fault, LAB_DIR / "sharding.py", FAULTS)
+    result, _ = run_grade(lab, submission(fault, tmp_path / "subs", text=text,
+                                          name="sharding.py"), tmp_path)
+    assert result.score == 12, [(c.check.name, c.score, c.message) for c in result.checks]
 
 
 def test_every_fault_file_has_a_case():

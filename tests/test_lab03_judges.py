@@ -37,6 +37,34 @@ def _traffic(rank: int, calls) -> RankTraffic:
     return t
 
 
+def _fsdp_traffic(rank: int, *, names=("all_gather_single", "reduce_scatter_single"),
+                  extra=()) -> RankTraffic:
+    """An FSDP rank's traffic as the courier records a correct run of 2 steps: per step and
+    unit an all-gather in forward, one in backward (each with the float32 bytes of the rank's
+    shard of the unit's parameters at that step, which the courier keeps) and a
+    reduce-scatter of p·S; then `extra` (op, elements)."""
+    ag, rs = names
+    t = RankTraffic(rank)
+    runs = [checks["tr"].unit_flats(m) for m in
+            checks["ex"].training(FSDP, steps=2, optimizer="plain_sgd")][:2]
+    for flats in runs:
+        for f, s in [(f, math.ceil(f.numel() / W)) for f in flats] * 2:
+            mine = checks["ex"].padded([f], W)[rank * s:(rank + 1) * s].float()
+            o = Op(rank, len(t.ops), ag, None, 4 * s, "float32", (s,))
+            o.data = mine.numpy().tobytes()
+            t.add(o)
+        for s in SHARDS:
+            t.add(Op(rank, len(t.ops), rs, None, 4 * W * s, "float32", (W * s,)))
+    for op, n in extra:
+        t.add(Op(rank, len(t.ops), op, None, 4 * n, "float32", (n,)))
+    return t
+
+
+def _fsdp_result(outputs, **how):
+    traffic = [_fsdp_traffic(r, **how) for r in range(W)]
+    return CaseResult(FSDP, W, harness.make_inputs(FSDP, W), outputs, traffic)
+
+
 def _flat(blocks, order=None):
     blocks = [blocks[k] for k in order] if order else blocks
     flat = torch.cat(blocks)
@@ -107,9 +135,30 @@ def _fsdp_outputs(scale=1.0, held=0, swap=False):
 
 
 def test_the_right_outputs_pass():
-    assert checks["judge_zero"](_result(ZERO, _zero_outputs())).passed
+    assert checks["judge_zero"](_zero_result(ZERO, _zero_outputs())).passed
     assert checks["judge_zero_traffic"](_zero_result(ZERO, _zero_outputs())).passed
-    assert checks["judge_fsdp_traffic"](_result(FSDP, _fsdp_outputs(), CALLS)).passed
+    assert checks["judge_fsdp"](_fsdp_result(_fsdp_outputs())).passed
+    assert checks["judge_fsdp_traffic"](_fsdp_result(_fsdp_outputs())).passed
+
+
+def test_values_count_only_for_a_sharded_run():
+    """Issue 30: right values from all-reduces (a plain DDP, or all-gathers emulated by
+    all-reducing a zero buffer with the rank's shard in its slot) scored 74/100. The values
+    checks now establish the sharding from the courier's record: no all-reduce, reduce-scatters
+    of p·S, all-gathers of one shard of the parameters (an all-gathered gradient is none)."""
+    v = checks["judge_zero"](_result(ZERO, _zero_outputs(), [("all_reduce", 53)] * 3))
+    assert not v.passed and "the parameters are right, but the run was not sharded: rank 0 " \
+        "called all_reduce 3 times" in v.message, v.message
+    v = checks["judge_fsdp"](_fsdp_result(_fsdp_outputs(), extra=[("all_reduce", 36)]))
+    assert not v.passed and "not sharded: rank 0 called all_reduce" in v.message, v.message
+    forged = _fsdp_result(_fsdp_outputs())
+    for t in forged.traffic:  # the first all-gather carries a gradient-like vector instead
+        first = t.ops[0]
+        first.data = (torch.frombuffer(bytearray(first.data), dtype=torch.float32) * 2).numpy() \
+            .tobytes()
+    v = checks["judge_fsdp"](forged)
+    assert not v.passed and "rank 0's all-gather 1 did not take in its shard of a unit's " \
+        "parameters" in v.message, v.message
 
 
 def test_a_16_bit_collective_fails_even_when_its_rounding_stays_within_tolerance():
@@ -124,16 +173,11 @@ def test_a_16_bit_collective_fails_even_when_its_rounding_stays_within_tolerance
     assert "rounding stayed within the tolerance" in v.message
 
 
-def _renamed(calls, old: str, new: str):
-    return [(new if op == old else op, n) for op, n in calls]
-
-
 def test_list_forms_and_early_broadcasts_are_allowed():
     """dist.all_gather / dist.reduce_scatter (list forms) move the same bytes: counted as the
     single forms. A broadcast before training (a constructor's) is allowed."""
-    listed = _renamed(_renamed(CALLS, "all_gather_single", "all_gather"),
-                      "reduce_scatter_single", "reduce_scatter")
-    assert checks["judge_fsdp_traffic"](_result(FSDP, _fsdp_outputs(), listed)).passed
+    listed = _fsdp_result(_fsdp_outputs(), names=("all_gather", "reduce_scatter"))
+    assert checks["judge_fsdp_traffic"](listed).passed
     weights = torch.cat([q.detach().reshape(-1) for q in harness.make_model(ZERO).parameters()])
     early = _zero_result(ZERO, _zero_outputs(), extra=[("broadcast", weights)])
     assert checks["judge_zero_traffic"](early).passed
@@ -192,7 +236,7 @@ def test_collectives_carry_the_gradient_and_the_updated_parameters():
                                            _zero_outputs(state_elements=2 * 58))),
      "steps on the full tensor"),
     (lambda: checks["judge_fsdp"](_result(FSDP, _fsdp_outputs(swap=True))), "wrong shard offsets"),
-    (lambda: checks["judge_fsdp_traffic"](_result(FSDP, _fsdp_outputs(held=232), CALLS)),
+    (lambda: checks["judge_fsdp_traffic"](_fsdp_result(_fsdp_outputs(held=232))),
      "still held 232 bytes of gathered parameters after forward"),
     (lambda: checks["judge_fsdp_traffic"](_result(FSDP, _fsdp_outputs(),
                                                   CALLS + [("all_reduce", 10)] * 2)),

@@ -58,8 +58,11 @@ def test_an_unsupported_call_is_the_ranks_exception(fault, tmp_path):
     assert_failed(check, "exception", *ERRORS[fault])
 
 
+ELSEWHERE = {"broadcast_shapes"}  # the grader's memory under it: tests/test_autograder_memory.py
+
+
 def test_every_fault_file_has_a_case():
-    assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES) | set(ERRORS)
+    assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES) | set(ERRORS) | ELSEWHERE
 
 
 @pytest.mark.multirank
@@ -82,5 +85,6 @@ def test_forged_sections_do_not_hide_a_float32_all_reduce(tmp_path):
     assert_passed(train)
     psi = 3 * (6 + 1)  # TRAIN: d_out × (d_in + 1)
     assert_failed(train_bytes, "wrong_result",
-                  rf"rank 0's all-reduce: {4 * psi} bytes of float32; every gradient "
-                  rf"all-reduce must be {2 * psi} bytes of bfloat16")
+                  rf"rank 0's all-reduce: {4 * psi} bytes of float32; the gradients travel "
+                  rf"as one bf16 buffer of {2 * psi} bytes of bfloat16",
+                  r"float32: cast the buffer to bfloat16")

@@ -23,7 +23,7 @@ LAYER = {
     "comm": "comm",
     "launch": "launch",
     "cost": "models", "memory": "models", "flops": "models", "planner": "models",
-    "formats": "models", "roofline": "models", "hub": "models",
+    "formats": "models", "roofline": "models", "hub": "models", "framework_settings": "models",
     "collectives": "algorithms", "data_parallel": "algorithms", "pipeline": "algorithms",
     "tensor_parallel": "algorithms", "context_parallel": "algorithms",
     "checkpoint": "algorithms", "recompute": "algorithms", "offload": "algorithms",

@@ -210,12 +210,17 @@ def test_viz_memory_bars_stack_the_parts():
     bars = [t for t in fig.data if t.type == "bar"]
     assert [t.name for t in bars] == ["params", "grads", "optimizer"]  # no activations given
     totals = [sum(t.y[i] for t in bars) for i in range(4)]
-    assert [round(x, 2) for x in totals] == [120.0, 31.41, 16.64, 1.88]  # GB, ZeRO Fig. 1
+    # Drawn in GiB (the course's IEC convention); in the paper's decimal GB, its Figure 1.
+    assert fig.layout.yaxis.title.text == "GiB per device"
+    assert [round(x * M.GiB / M.GB, 2) for x in totals] == [120.0, 31.41, 16.64, 1.88]
+    assert any("device memory 32 GiB" in a.text for a in fig.layout.annotations)
     assert list(bars[0].marker.line.width) == [0, 0, 0, 3]
+    small = memory_bars({"a": {"params": 3 * 2**20}})  # the unit follows the largest bar
+    assert small.layout.yaxis.title.text == "MiB per device" and small.data[0].y[0] == 3
     with pytest.raises(ValueError, match="unknown parts"):
         memory_bars({"a": {"weights": 1.0}})
-    with pytest.raises(ValueError, match="unit"):
-        memory_bars({"a": {"params": 1.0}}, unit="GiB")
+    with pytest.raises(ValueError, match="IEC"):
+        memory_bars({"a": {"params": 1.0}}, unit="GB")  # decimal: not the course's unit
 
 
 def test_memory_calculator_view_and_explorer():
@@ -224,7 +229,9 @@ def test_memory_calculator_view_and_explorer():
     _, verdict = memory_view(model="zero-7.5b", n_d=64, stage=1, gpu_gib=32)
     assert "does not fit" in verdict and "Lowest stage that fits: 2" in verdict
     fig, verdict = memory_view(model=CUSTOM, num_params=7.5e9, n_d=64, stage=3, gpu_gib=32)
-    assert "1.88 GB" in verdict and "fits" in verdict and "not counted" in verdict
+    # 16 · 7.5e9 / 64 bytes: the paper's 1.88 GB (10⁹ bytes) is 1.75 GiB.
+    assert "1.75 GiB per device" in verdict and "on 32 GiB" in verdict
+    assert "fits" in verdict and "not counted" in verdict
     explorer = memory_explorer("gpt2-xl", n_d=6, gpu_gib=79)
     assert explorer.n_d.value == 8 and explorer.gpu_gib.value == 80
     before = explorer.figure

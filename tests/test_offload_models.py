@@ -21,8 +21,8 @@ from toolkit.memory.offload import (
 
 V100 = 32 * M.GiB
 
-# ZeRO-Infinity (SC 2021), Table 1: layers, hidden size; parameters (trillions), model states
-# (TB, binary, at 20 bytes per parameter), model-state working memory per GPU (GB, binary).
+# ZeRO-Infinity (SC 2021), §3's memory table: layers, hidden size; parameters (trillions), model
+# states (TB, binary, at 20 bytes per parameter), model-state working memory per GPU (GB, binary).
 TABLE1 = [(80, 10 * 1024, 0.10, 1.83, None), (100, 20 * 1024, 0.50, 9.16, 6.25),
           (128, 25 * 1024, 1.01, 18.31, 9.77), (195, 64 * 1024, 10.05, 182.81, 64.00),
           (315, 160 * 1024, 101.47, 1845.70, 400.00)]
@@ -63,7 +63,7 @@ def test_zero_infinity_trillion_on_one_dgx2_and_32_trillion_on_32():
     """Rajbhandari et al., abstract and §8: fine-tune a trillion parameters on one DGX-2
     node; 32 trillion on 512 V100s (32 nodes). Model states only, NVMe against CPU."""
     per_rank = DGX2.per_rank()
-    trillion = 12 * 128 * (25 * 1024) ** 2  # Table 1's 1.01T model
+    trillion = 12 * 128 * (25 * 1024) ** 2  # the §3 table's 1.01T model
     on_nvme = offload_bytes(trillion, INFINITY_NVME, n_d=16, recipe=INFINITY_ADAM,
                             working=working_bytes(25 * 1024))
     assert on_nvme.fits(per_rank)

@@ -1,6 +1,6 @@
 """toolkit.planner: clusters and layouts validated, predictions equal to hand-checked numbers and
-to toolkit.memory / toolkit.pipeline, infeasible layouts flagged, a sensible ranking, and one
-real dp × tp run on 2 gloo ranks."""
+to toolkit.memory / toolkit.pipeline, infeasible layouts flagged (with the stated memory
+headroom), a sensible ranking, and one real dp × tp run on 2 gloo ranks."""
 
 from __future__ import annotations
 
@@ -205,6 +205,24 @@ def test_gpt3_on_1024_a100s_pure_dp_does_not_fit_megatron_does():
     assert megatron.fits.any()
     best = table.iloc[0]
     assert best.fits and best.tp == 8 and 0.2 < best.mfu < 0.5
+
+
+def test_dense_fit_keeps_the_stated_headroom():
+    from toolkit.planner import experts
+    from toolkit.planner.plan import MEMORY_HEADROOM
+    assert MEMORY_HEADROOM == experts.MEMORY_HEADROOM  # one margin, dense and MoE alike
+    node = cluster("dgx-a100-80gb")
+    d = Layout(dp=8, zero=1, recompute="full")
+    p = predict("zero-7.5b", node, d, global_batch=8)
+    used = p.memory / node.memory_bytes
+    assert p.fits == (used <= 1 - MEMORY_HEADROOM)
+    # A memory that fills the card but not the margin: fits with no headroom only.
+    between = node.memory_bytes * (1 - MEMORY_HEADROOM / 2) / p.memory
+    tight = dataclasses.replace(node, memory_bytes=node.memory_bytes / between)
+    assert not predict("zero-7.5b", tight, d, global_batch=8).fits
+    assert predict("zero-7.5b", tight, d, global_batch=8, headroom=0.0).fits
+    with pytest.raises(ValueError, match="headroom must be in"):
+        predict("zero-7.5b", node, d, global_batch=8, headroom=1.0)
 
 
 def test_measured_dp_and_tp_runs_train_the_same_model():

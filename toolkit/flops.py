@@ -40,7 +40,8 @@ from .arguments import check_int
 from .models import GPTConfig
 
 __all__ = ["A100_BF16", "A100_FP32", "A100_TF32", "H100_PCIE_BF16", "H100_SXM_BF16",
-           "H100_SXM_FP32", "H100_SXM_FP8", "H100_SXM_TF32", "PEAK_FLOPS",
+           "H100_SXM_FP32", "H100_SXM_FP8", "H100_SXM_TF32", "H200_BF16", "H200_FP32",
+           "H200_FP8", "H200_TF32", "PEAK_FLOPS",
            "V100_FP16", "count_flops", "flash_recompute_flops", "flops_per_token", "hfu",
            "matmul_params", "matmul_peak", "mfu", "recompute_flops",
            "step_flops", "timed"]
@@ -57,11 +58,16 @@ A100_TF32 = 156e12  # NVIDIA A100 datasheet, TF32 tensor core, dense (312e12 wit
 H100_SXM_FP32 = 67e12  # NVIDIA H100 SXM datasheet, fp32 without tensor cores
 H100_SXM_TF32 = 494.5e12  # NVIDIA H100 SXM datasheet, TF32 tensor core 989e12 with sparsity
 H100_SXM_FP8 = 1979e12  # NVIDIA H100 SXM datasheet, fp8 tensor core, dense (3958e12 sparse)
+# NVIDIA H200 (SXM) datasheet: the H100 SXM's compute with more and faster memory (141 GB HBM3e
+# at 4.8 TB/s): FP32 67 TFLOPS; TF32 989, BF16 1,979 and FP8 3,958 TFLOPS "with sparsity",
+# halved here to dense like every row above.
+H200_FP32, H200_TF32, H200_BF16, H200_FP8 = 67e12, 494.5e12, 989e12, 1979e12
 
 PEAK_FLOPS: dict[str, float] = {
     "V100 fp16": V100_FP16, "A100 bf16": A100_BF16, "A100 fp32": A100_FP32,
     "A100 tf32": A100_TF32, "H100 SXM bf16": H100_SXM_BF16, "H100 PCIe bf16": H100_PCIE_BF16,
     "H100 SXM fp32": H100_SXM_FP32, "H100 SXM tf32": H100_SXM_TF32, "H100 SXM fp8": H100_SXM_FP8,
+    "H200 fp32": H200_FP32, "H200 tf32": H200_TF32, "H200 bf16": H200_BF16, "H200 fp8": H200_FP8,
 }
 """Peak FLOP/s by accelerator and precision (dense; sources above)."""
 

@@ -18,7 +18,8 @@ with the course's own code for each, as found in the Lightning 2.6 source.
   it saw to ``folder/rank{r}.pkl``; `read_recorded(folder)` reads them back in the parent.
   The process group exists before any hook runs, so the calls Lightning makes while creating it
   are not seen.
-- `course_loss`, `shard_units`: the loss and the FSDP2 units the course's own runs use too.
+- `shard_units`: the FSDP2 units the course's own runs use too; `course_loss` (from
+  `toolkit.models`, re-exported) is the loss of every run.
 
 This module imports Lightning; no other toolkit module imports it except
 `toolkit.experiments.frameworks`, so no other lesson pays for Lightning's import.
@@ -36,7 +37,6 @@ from typing import Any, Iterator
 
 import pytorch_lightning as pl
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
@@ -46,23 +46,13 @@ from .arguments import check_int, check_positive
 from .comm import Event
 from .comm.kernel_io import written_bytes
 from .data_parallel.units import default_units
-from .models import TinyGPT
+from .models import course_loss
 
 __all__ = ["RESPONSIBILITIES", "CourseModule", "RankRecord", "RecorderCallback",
            "Responsibility", "course_loss", "quiet", "read_recorded", "shard_units"]
 
 LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric", "lightning.pytorch",
                      "lightning.fabric")
-
-
-def course_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-    """The course's training loss: TinyGPT's own cross-entropy over next tokens (x, y: (b, s)),
-    else the mean squared error of ``model(x)`` against ``y`` (TinyMLP: (b, d_out)). `model`
-    may be a wrapper with ``.module`` (the course's DDP and FSDP): it is called, the wrapped
-    model decides which loss."""
-    if isinstance(getattr(model, "module", model), TinyGPT):
-        return model(x, y)[1]
-    return F.mse_loss(model(x), y)
 
 
 def shard_units(model: nn.Module, mesh: Any) -> nn.Module:

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from .arguments import check_int, check_ints
 
 __all__ = [
-    "GPTConfig", "TinyGPT", "TinyMLP", "count_parameters", "gpt_param_count",
+    "GPTConfig", "TinyGPT", "TinyMLP", "count_parameters", "course_loss", "gpt_param_count",
     "make_regression_data", "make_token_data",
 ]
 
@@ -306,3 +306,13 @@ def make_token_data(
     for t in range(seq_len):
         seq[:, t + 1] = successor[seq[:, t]]
     return _moved(seq[:, :-1].clone(), device), _moved(seq[:, 1:].clone(), device)
+
+
+def course_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    """The course's training loss: TinyGPT's own cross-entropy over next tokens (x, y: (b, s)),
+    else the mean squared error of ``model(x)`` against ``y`` (TinyMLP: (b, d_out)). `model`
+    may be a wrapper with ``.module`` (the course's DDP and FSDP, torch's DDP, DeepSpeed's
+    engine): it is called, and the wrapped model decides which loss."""
+    if isinstance(getattr(model, "module", model), TinyGPT):
+        return model(x, y)[1]
+    return F.mse_loss(model(x), y)

@@ -34,7 +34,9 @@ each result written once, which a cache holds only when it fits):
   Unfused, as `TinyGPT.attend` runs it (five kernels over the (b, a, s, s) scores: q kᵀ writes
   them, the scaling, the causal mask and the softmax each read and write them, · v reads them):
   Q = e·(4·b·s·h + 8·a·b·s²), I = 4·s·h / (e·(4·h + 8·a·s)), **independent of b**. Fused
-  (FlashAttention, Dao et al. 2022, section 3: the scores stay on chip): Q = e·4·b·s·h, I = s / e.
+  (FlashAttention, Dao et al. 2022, section 3: the scores stay on chip): Q = e·4·b·s·h, I = s / e,
+  if q, k, v and the output cross memory once each (the floor; its Theorem 2, section 3.2, counts
+  Θ(s²d²/M) accesses per head for on-chip memory M, k and v re-read per block of queries).
 * `layernorm`: per element 8 FLOPs (mean: 1 add; variance: subtract, square, add; normalise:
   subtract, multiply; affine: multiply, add); Q = e·(2·t·h + 2·h): I ≈ 4 / e, independent of b.
 

@@ -10,7 +10,9 @@ scalars (int, float, str, bool, None) as themselves, and ``{"__tensor__": [dtype
 offset, nbytes]}`` for a tensor whose bytes sit at ``payload[offset:offset + nbytes]``.
 `pack` builds (tree, payload) from Python values; `unpack` rebuilds them and refuses anything
 that does not add up (a dtype torch lacks, a shape whose bytes differ from nbytes, an offset
-outside the payload), raising `FrameError`.
+outside the payload, two tensors naming the same bytes), raising `FrameError`. `pack` gives
+each tensor bytes of its own, so a tree whose tensors overlap was written by hand: without the
+check one 8 MiB payload named by 200 nodes decoded into 200 copies (1.6 GB in the grader).
 
 `FrameReader` is the courier's incremental parser for a non-blocking socket; `send_frame` and
 `recv_frame` are the rank's blocking forms.
@@ -179,7 +181,55 @@ def make_tensor(dtype: str, shape: Any, raw: bytes) -> torch.Tensor:
 
 
 class TreeTooLarge(FrameError):
-    """A tree with more nodes than the caller allows (see `unpack`)."""
+    """A tree with more nodes, or decoding into more bytes, than the caller allows
+    (`unpack_counted`); `what` says which: "values" or "bytes"."""
+
+    def __init__(self, message: str, what: str = "values") -> None:
+        super().__init__(message)
+        self.what = what
+
+
+def tensor_spans(tree: Any, max_nodes: int | None = None) -> list[tuple[int, int]]:
+    """(offset, nbytes) of every tensor node of `tree` that names bytes, without building
+    anything; TreeTooLarge past `max_nodes` nodes (counted as `unpack_counted` counts them),
+    FrameError past MAX_DEPTH. No recursion: depth is a number on a stack."""
+    spans: list[tuple[int, int]] = []
+    stack, walked = [(tree, 0)], 0
+    while stack:
+        node, depth = stack.pop()
+        walked += 1
+        if max_nodes is not None and walked > max_nodes:
+            raise TreeTooLarge(f"more than {max_nodes:,} values")
+        if depth > MAX_DEPTH:
+            raise FrameError("tree nested too deeply")
+        if isinstance(node, list):
+            stack.extend((x, depth + 1) for x in node)
+        elif isinstance(node, dict):
+            spec = node.get("__tensor__")
+            if isinstance(spec, list) and len(spec) == 4 and all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in spec[2:]):
+                if spec[3] > 0:
+                    spans.append((spec[2], spec[3]))
+            elif isinstance(node.get("__dict__"), list):
+                stack.extend((i[1], depth + 1) for i in node["__dict__"]
+                             if isinstance(i, list) and len(i) == 2)
+    return spans
+
+
+def disjoint(tree: Any, payload_bytes: int, *, max_nodes: int | None = None) -> int:
+    """The bytes `tree`'s tensors decode into (their nbytes added up); FrameError when two
+    tensor nodes name overlapping bytes of the payload, or any names bytes outside it. Sorting
+    the spans makes it O(n log n) in the nodes; nothing is built."""
+    total, end = 0, 0
+    for offset, nbytes in sorted(tensor_spans(tree, max_nodes)):
+        if offset < 0 or offset + nbytes > payload_bytes:
+            raise FrameError("tensor bytes outside the payload")
+        if offset < end:
+            raise FrameError(f"two tensors name the same bytes of the payload (at {offset:,}): "
+                             "each tensor must have bytes of its own")
+        end = offset + nbytes
+        total += nbytes
+    return total
 
 
 def unpack(tree: Any, payload: bytes) -> Any:
@@ -187,20 +237,23 @@ def unpack(tree: Any, payload: bytes) -> Any:
     return unpack_counted(tree, payload)[0]
 
 
-def unpack_counted(tree: Any, payload: bytes, *, max_nodes: int | None = None
-                   ) -> tuple[Any, int]:
-    """(`unpack`'s values, the tree's nodes); TreeTooLarge past `max_nodes` nodes (lists,
-    dicts, tensors and leaves count one each): 4 MiB of JSON holds over a million empty lists,
-    about 100 MiB once built, so what a grader keeps is bounded in nodes as well as bytes."""
+def unpack_counted(tree: Any, payload: bytes, *, max_nodes: int | None = None,
+                   max_bytes: int | None = None) -> tuple[Any, int, int]:
+    """(`unpack`'s values, the tree's nodes, the bytes its tensors decode into). Before any
+    tensor is built: TreeTooLarge past `max_nodes` nodes (lists, dicts, tensors and leaves
+    count one each: 4 MiB of JSON holds over a million empty lists, about 100 MiB once built,
+    so what a grader keeps is bounded in nodes as well as bytes) or past `max_bytes` decoded
+    bytes; FrameError when two tensor nodes name the same bytes (`disjoint`: one 8 MiB payload
+    named by 200 nodes would decode into 1.6 GB), so the decoded bytes are at most the
+    payload's."""
+    decoded = disjoint(tree, len(payload), max_nodes=max_nodes)
+    if max_bytes is not None and decoded > max_bytes:
+        raise TreeTooLarge(f"{decoded:,} bytes of tensors, over {max_bytes:,}", "bytes")
     count = 0
 
-    def walk(node: Any, depth: int) -> Any:
+    def walk(node: Any, depth: int) -> Any:  # `disjoint` bounded the nodes and the depth
         nonlocal count
         count += 1
-        if max_nodes is not None and count > max_nodes:
-            raise TreeTooLarge(f"more than {max_nodes:,} values")
-        if depth > MAX_DEPTH:
-            raise FrameError("tree nested too deeply")
         if isinstance(node, list):
             return [walk(x, depth + 1) for x in node]
         if isinstance(node, dict):
@@ -230,9 +283,10 @@ def unpack_counted(tree: Any, payload: bytes, *, max_nodes: int | None = None
             return node
         raise FrameError(f"unexpected {type(node).__name__}")
 
-    return walk(tree, 0), count
+    return walk(tree, 0), count, decoded
 
 
 __all__ = ["DTYPES", "FrameError", "FrameReader", "MAX_META", "MAX_PAYLOAD", "TreeTooLarge",
-           "decode_meta", "dtype_name", "encode_frame", "good_shape", "make_tensor", "pack",
-           "recv_frame", "send_frame", "tensor_bytes", "unpack", "unpack_counted"]
+           "decode_meta", "disjoint", "dtype_name", "encode_frame", "good_shape", "make_tensor",
+           "pack", "recv_frame", "send_frame", "tensor_bytes", "tensor_spans", "unpack",
+           "unpack_counted"]

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from . import landlock, namespaces, seccomp
 from .limits import Limits, apply_rlimits, become, capability_sets, has_capabilities
-from .paths import rank_paths, world_spec
+from .paths import gpu_nodes, rank_paths, world_spec
 from .world import WorldError, build
 
 CHANNEL_FD = 3
@@ -68,7 +68,7 @@ def confine(spec: dict, *, channel: int, out: int, err: int) -> dict:
                 f"pids cgroup: joining it failed ({exc.strerror})") from None
     namespaces.unshare_cgroup()
     uid = spec.get("uid")
-    apply_rlimits(Limits(**spec["limits"]), uid)
+    apply_rlimits(Limits(**spec["limits"]), uid, address_space=not _on_gpu(spec))
     home = Path(spec["home"])
     world = world_spec(Path(spec["code"]), home, Path(spec["root"]), spec.get("toolkit", ()),
                        gpu=_on_gpu(spec), home_bytes=int(spec["home_bytes"]),
@@ -99,7 +99,8 @@ def _landlock(spec: dict, home: Path) -> int:
     if abi >= 1:
         read, write, listing = rank_paths(Path(spec["code"]), home, spec.get("toolkit", ()),
                                           gpu=_on_gpu(spec))
-        landlock.restrict(read, write, listing, write_rights=landlock.WRITE_PLAIN, tcp=False)
+        landlock.restrict(read, write, listing, write_rights=landlock.WRITE_PLAIN, tcp=False,
+                          devices=gpu_nodes() if _on_gpu(spec) else ())
     return abi
 
 
@@ -117,7 +118,7 @@ def _unconfined(spec: dict) -> dict:
         except OSError:
             pass
     how = namespaces.isolate()
-    apply_rlimits(Limits(**spec["limits"]), None)
+    apply_rlimits(Limits(**spec["limits"]), None, address_space=not _on_gpu(spec))
     become(None)
     abi = _landlock(spec, Path(spec["home"]))
     filtered = seccomp.install() if spec.get("seccomp", True) else False
@@ -138,6 +139,8 @@ def rank_env(spec: dict) -> dict[str, str]:
     gpus = str(spec.get("gpus", "")) if _on_gpu(spec) else ""
     return {"HOME": home, "TMPDIR": home, "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
             "CUDA_VISIBLE_DEVICES": gpus, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+            # torch counts GPUs through NVML, not cuInit (what a student's code asks first)
+            "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
             "RANK": str(spec["rank"]), "WORLD_SIZE": str(spec["world_size"]),
             "LOCAL_RANK": str(spec["rank"])}
 

@@ -17,7 +17,9 @@ What each frame leaves in the grader is capped (the bounds are in `courier`'s do
 ``op``, a ``mark`` or a ``gate`` is one recorded call (`Courier.count_call`, at most MAX_CALLS per
 launch, then call_limit); a ``wait`` keeps its stack (40 frames of capped text) for at most
 MAX_STACKS calls of a rank at once, later ones without it; ``output`` frames are one per case
-and rank, their bytes at most RESULT_BYTES per launch (then result_limit); ``seen``, a repeated
+and rank, the bytes their tensors decode into at most RESULT_BYTES per launch (then
+result_limit; each tensor must name bytes of its own, `channel.disjoint`, so a payload cannot
+be decoded twice); ``seen``, a repeated
 ``wait`` and any ``error`` after the first keep nothing new.
 """
 
@@ -226,23 +228,25 @@ def _handle(c: Courier, rank: int, meta: dict, payload: bytes) -> None:
         case = c.plan[state.case] if state.case is not None else None
         if case is None or meta.get("case") != case.index:
             raise Refused("an output for a case it was not running")
-        c.returned += len(payload)
-        if c.returned > RESULT_BYTES:
-            c.fail("result_limit", f"The ranks returned {c.returned / 2**20:,.0f} MiB of results "
-                                   f"in one launch; the grader keeps at most "
-                                   f"{RESULT_BYTES / 2**20:,.0f} MiB (a correct solution returns "
-                                   "about 1 MiB at most).", rank)
-            return
-        try:
-            state.outputs[case.index], nodes = unpack_counted(
-                meta.get("tree"), payload, max_nodes=RESULT_NODES - c.result_nodes)
-        except TreeTooLarge:
-            c.fail("result_limit", f"The ranks returned more than {RESULT_NODES:,} values "
-                                   "(tensors, lists, numbers) in one launch; a correct "
-                                   f"solution returns at most {RESULT_NODES_USED:,}.", rank)
+        try:  # every limit is checked before a tensor is built (`unpack_counted`)
+            value, nodes, decoded = unpack_counted(
+                meta.get("tree"), payload, max_nodes=RESULT_NODES - c.result_nodes,
+                max_bytes=RESULT_BYTES - c.returned)
+        except TreeTooLarge as err:
+            if err.what == "bytes":
+                c.fail("result_limit", f"The ranks returned over {RESULT_BYTES / 2**20:,.0f} MiB "
+                                       f"of results in one launch; the grader keeps at most "
+                                       f"{RESULT_BYTES / 2**20:,.0f} MiB (a correct solution "
+                                       "returns about 1 MiB at most).", rank)
+            else:
+                c.fail("result_limit", f"The ranks returned more than {RESULT_NODES:,} values "
+                                       "(tensors, lists, numbers) in one launch; a correct "
+                                       f"solution returns at most {RESULT_NODES_USED:,}.", rank)
             return
         except (FrameError, RecursionError) as err:
             raise Refused(f"its output: {err}") from None
+        state.outputs[case.index] = value
+        c.returned += decoded  # what the grader holds: the tensors' bytes, each counted once
         c.result_nodes += nodes
         c.next_case(rank)
     elif kind == "error":

@@ -105,12 +105,15 @@ def features(abi: int) -> list[str]:
 
 
 def restrict(read: Iterable[str], write: Iterable[str], list_only: Iterable[str] = (), *,
-             write_rights: int = WRITE, tcp: bool = True) -> int:
+             write_rights: int = WRITE, tcp: bool = True, devices: Iterable[str] = ()) -> int:
     """Allow reading below `read` and reading + writing below `write`; forbid the rest.
 
     `list_only` folders may be listed (names only, also of their subfolders) but no file in
     them read, unless `read` allows it: Python's import system lists a package's folder to find
-    its modules, and listing a folder reveals no file's content. `write_rights` narrows what
+    its modules, and listing a folder reveals no file's content. `devices` are device nodes
+    the process may open to read, write and ioctl (ABI 5 handles ioctl on devices: without
+    the right, NVIDIA's driver, which talks to the GPU through ioctls on /dev/nvidia*, is
+    refused). `write_rights` narrows what
     the `write` paths allow (`WRITE_PLAIN`: no sockets, FIFOs, devices or links); ``tcp=False``
     refuses every TCP bind and connect (ABI 4+). From ABI 6 the process is also scoped: no
     signal to, and no abstract unix socket of, a process outside its domain.
@@ -134,7 +137,8 @@ def restrict(read: Iterable[str], write: Iterable[str], list_only: Iterable[str]
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
     try:
-        for paths, rights in ((list_only, READ_DIR), (read, READ), (write, READ | write_rights)):
+        for paths, rights in ((list_only, READ_DIR), (read, READ), (write, READ | write_rights),
+                              (devices, READ_FILE | WRITE_FILE | IOCTL_DEV)):
             for path in paths:
                 _add_rule(libc, ruleset, path, rights & handled)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:

@@ -219,7 +219,7 @@ class _Launch:
             return Failure("wall_limit", f"the grade used up its total budget of "
                                          f"{self.limits.wall_s:g} s before this launch ended")
         if now - start > self.plan.timeout:
-            return self.timed_out()
+            return self.timed_out(deadline)
         return self.watch(polls) if polls is not None else None
 
     def refused(self, ops) -> Failure:
@@ -234,16 +234,17 @@ class _Launch:
         return over_limits(self.procs, self.limits, ranks=self.p, printed=printed, usage=usage,
                            refused_forks=refused > self.refusals)
 
-    def timed_out(self) -> Failure:
+    def timed_out(self, deadline: float) -> Failure:
         """Ask each busy rank for its stack (faulthandler, SIGUSR1: written by a C handler even
-        while Python code spins) and word the timeout with them."""
+        while Python code spins) and word the timeout with them; waits 5 s at most for the
+        dumps, and never past the grade's `deadline`."""
         busy = [s.rank for s in self.courier.ranks
                 if not s.blocked and not s.finished and not s.gone]
         dumps = {r: bytearray() for r in busy}
         for r in busy:
             self.printed[r][1].watch = dumps[r]
         self.procs.signal([self.pids[r] for r in busy], signal.SIGUSR1)
-        end = time.monotonic() + 5.0
+        end = min(time.monotonic() + 5.0, deadline)
         # A dump is complete once the main thread's bottom frame (the rank loop) is in it.
         while time.monotonic() < end and not all(DUMP_END in dumps[r] for r in busy):
             self.pump(POLL_S)

@@ -101,11 +101,15 @@ def _tasks_of_user(uid: int) -> int:
     return count
 
 
-def apply_rlimits(limits: Limits, uid: int | None) -> None:
-    """Set this process's rlimits (soft = hard, never above an existing hard limit)."""
+def apply_rlimits(limits: Limits, uid: int | None, *, address_space: bool = True) -> None:
+    """Set this process's rlimits (soft = hard, never above an existing hard limit).
+    ``address_space=False`` (a cuda grade's ranks) leaves RLIMIT_AS alone: the CUDA driver
+    reserves tens of GiB of virtual addresses when it starts (unified addressing), far past any
+    useful cap on what a rank touches; the watchdog's sum of the launch's resident memory and
+    the GPU's own memory bound it instead."""
     nproc = limits.processes if uid is not None else _tasks_of_user(os.getuid()) + limits.processes
     for which, value in (
-        (resource.RLIMIT_AS, limits.memory_mb * MB),
+        *(((resource.RLIMIT_AS, limits.memory_mb * MB),) if address_space else ()),
         (resource.RLIMIT_CPU, limits.cpu_s),
         (resource.RLIMIT_FSIZE, limits.file_mb * MB),
         (resource.RLIMIT_NOFILE, 1024),

@@ -34,21 +34,23 @@ DEV_WRITE = ("/dev/null",)
 # What a CUDA rank opens (NVIDIA's driver): the control and unified-memory nodes and one node
 # per GPU (only the grade's GPUs are visible to CUDA; Landlock cannot tell them apart). Nodes
 # that do not exist are left out (a Landlock rule needs an open path).
-GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 GPU_READ = ("/proc/driver/nvidia", "/sys/bus/pci/devices", "/sys/devices")
 SANDBOX = Path(__file__).resolve().parent
 
 
 def gpu_nodes() -> list[str]:
     """The NVIDIA device nodes this host has (none here: no GPU)."""
-    nodes = [*GPU_NODES, *(str(p) for p in sorted(Path("/dev").glob("nvidia[0-9]*")))]
+    nodes = [*GPU_NODES, *(str(p) for p in sorted(Path("/dev").glob("nvidia[0-9]*"))),
+             *(str(p) for p in sorted(Path("/dev").glob("nvidia-caps/nvidia-cap*")))]  # MIG
     return [n for n in nodes if Path(n).exists()]
 
 
 def rank_paths(code: Path, home: Path, toolkit_modules=(), *,
                gpu: bool = False) -> tuple[list[str], list[str], list[str]]:
     """(read, write, list_only) for `landlock.restrict` for a rank whose lab files are in
-    `code` and whose own folder is `home`; `gpu` adds the GPU nodes (a cuda grade)."""
+    `code` and whose own folder is `home`; `gpu` adds the driver's /proc and /sys entries to
+    `read` (the GPU nodes themselves are `gpu_nodes()`, given ioctl rights apart)."""
     pkg = Path(toolkit.__file__).resolve().parent
     read = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
             "/usr", "/lib", "/lib64", "/lib32", "/bin", *ETC, *PROC, *DEV_READ,
@@ -65,7 +67,6 @@ def rank_paths(code: Path, home: Path, toolkit_modules=(), *,
     read |= {str(SANDBOX), str(SANDBOX.parent / "__init__.py"), str(code)}
     write = [str(home), *DEV_WRITE]
     if gpu:
-        write += gpu_nodes()
         read |= {p for p in GPU_READ if Path(p).exists()}
     list_only = [str(pkg), str(SANDBOX.parent)]
     return sorted(read), write, list_only

@@ -34,6 +34,17 @@ namespaces give each rank its own. What neither sees, and the filter refuses wit
   "What it does not stop");
 * ``sysinfo``: the host's free memory and number of processes, both of which one rank can
   move and another read;
+* ``fanotify`` (``fanotify_init``, ``fanotify_mark``): unprivileged since Linux 5.13, it tells
+  a rank when another process opens a file both can see (red team 8: rank 0 saw rank 1 open
+  /etc/os-release, and the host's own opens of a bound file); ``mincore`` likewise asks which
+  pages of a shared file are cached;
+* shared futexes: every rank maps the same library files (one inode each), and a futex on a
+  word of such a mapping is keyed by (inode, offset), so ``FUTEX_WAIT`` in one rank and
+  ``FUTEX_WAKE`` in another met in the kernel: red team 8 moved lab 06's gradients that way and
+  scored 100 with all-reduces of zeros. Only private futex operations are allowed
+  (``FUTEX_PRIVATE_FLAG`` set: the key is the process's own address space, as every thread
+  library uses within a process); ``futex_waitv`` and the futex2 calls, whose flags sit in
+  memory or in other arguments, answer ENOSYS;
 * calls that act on another process by pid (ranks may run as the grader's own uid, where the
   kernel lets one process of a uid change another's): ``pidfd_open``, ``pidfd_send_signal``,
   ``process_madvise``, ``process_mrelease``, ``kcmp``, ``ioprio_set``, and ``prlimit64``,
@@ -84,13 +95,19 @@ _CALLS = {
     "mount_setattr": (442, 442), "open_tree_attr": (467, 467),
     # host-wide state one rank can move and another read
     "fadvise64": (221, 223), "cachestat": (451, 451), "sysinfo": (99, 179),
+    "fanotify_init": (300, 262), "fanotify_mark": (301, 263), "mincore": (27, 232),
 }
+# futex2 system calls (Linux 5.16/6.7): refused as absent, so a library falls back to futex.
+_ENOSYS = {"futex_waitv": (449, 449), "futex_wake": (454, 454), "futex_wait": (455, 455),
+           "futex_requeue": (456, 456)}
 # name -> (x86_64, aarch64): allowed on the caller only (first argument, the pid, is 0).
 _SELF_ONLY = {
     "prlimit64": (302, 261), "sched_setscheduler": (144, 119), "sched_setparam": (142, 118),
     "sched_setattr": (314, 274), "migrate_pages": (256, 238), "move_pages": (279, 239),
 }
 _FCNTL, _CLONE, _CLONE3 = (72, 25), (56, 220), (435, 435)
+_FUTEX, _FUTEX_PRIVATE_FLAG, _FUTEX_CMD_MASK = (202, 98), 128, 127
+_FUTEX_WAIT, _FUTEX_WAIT_BITSET = 0, 9
 _MADVISE, _PREADV2 = (28, 233), (327, 286)
 _MADV_REFUSED = (20, 21)  # MADV_COLD, MADV_PAGEOUT
 _RWF_NOWAIT = 0x8
@@ -99,7 +116,7 @@ _FCNTL_REFUSED = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026)
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
 _CLONE_NEW = 0x7E020080
 
-_LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_LD_W_ABS, _JEQ, _JGE, _JSET, _RET, _ALU_AND = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54
 _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
 # struct seccomp_data: nr, arch, then the arguments' low words (little-endian) at 16 + 8·i
 _NR, _ARCH_OFF, _ARG0, _ARG1, _ARG2, _ARG5 = 0, 4, 16, 24, 32, 56
@@ -139,6 +156,15 @@ def program(machine: str | None = None) -> list[tuple[int, int, int, int]] | Non
     nowait = [_ins(_LD_W_ABS, k=_ARG5), _ins(_JSET, 0, 1, _RWF_NOWAIT), deny,
               _ins(_LD_W_ABS, k=_NR)]
     out += [_ins(_JEQ, 0, len(nowait), _PREADV2[col])] + nowait
+    # futex: private operations, and shared waits (pthread_join waits on a thread's tid with a
+    # shared FUTEX_WAIT, matching the kernel's shared wake at thread exit); no shared wake.
+    allow = _ins(_RET, k=_ALLOW)
+    futex = [_ins(_LD_W_ABS, k=_ARG1), _ins(_JSET, 4, 0, _FUTEX_PRIVATE_FLAG),
+             _ins(_ALU_AND, k=_FUTEX_CMD_MASK), _ins(_JEQ, 2, 0, _FUTEX_WAIT),
+             _ins(_JEQ, 1, 0, _FUTEX_WAIT_BITSET), deny, allow]
+    out += [_ins(_JEQ, 0, len(futex), _FUTEX[col])] + futex
+    for numbers in _ENOSYS.values():
+        out += [_ins(_JEQ, 0, 1, numbers[col]), _ins(_RET, k=_ERRNO | errno.ENOSYS)]
     clone = [_ins(_LD_W_ABS, k=_ARG0), _ins(_JSET, 0, 1, _CLONE_NEW), deny, _ins(_LD_W_ABS, k=_NR)]
     out += [_ins(_JEQ, 0, len(clone), _CLONE[col])] + clone
     out += [_ins(_JEQ, 0, 1, _CLONE3[col]), _ins(_RET, k=_ERRNO | errno.ENOSYS)]

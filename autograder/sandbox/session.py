@@ -5,11 +5,12 @@
 limit or its timeout ends alone: its check fails with that kind and the check's other world
 sizes are skipped (the same code would fail again), while every other check still runs, each
 launch on fresh processes and a fresh folder. A fork server that dies is replaced (a fresh
-sandbox) for the launches that remain. All of it fits in `Limits.wall_s`; launches that would
-start after it get ``wall_limit``. Whatever happens, every process of the grade is gone when
-this returns (the grader is the child subreaper of the sandbox's orphans while it runs, and
-restores the flag it found when it returns). Each launch's record is handed to the caller as
-soon as the launch ends (`on_record`), so that no launch's outputs wait for the next.
+sandbox) for the launches that remain. All of it fits in `Limits.wall_s` (or the caller's
+`deadline`), the caller's judging included: launches that would start after it get
+``wall_limit``. Whatever happens, every process of the grade is gone when this returns (the
+grader is the child subreaper of the sandbox's orphans while it runs, and restores the flag it
+found when it returns). Each launch's record is handed to the caller as soon as the launch ends
+(`on_record`), so that no launch's outputs wait for the next.
 """
 
 from __future__ import annotations
@@ -71,26 +72,29 @@ def _raise_open_files() -> None:
 
 
 def run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Path, *,
-                on_record: Callable[[GroupRecord], None] | None = None) -> RunResult:
+                on_record: Callable[[GroupRecord], None] | None = None,
+                deadline: float | None = None) -> RunResult:
     """Run every launch of `plans` (in order) in the sandbox; see the module docstring.
     `on_record` is called with each launch's record as soon as the launch ends (the grader
-    judges it there and drops what only judging needed); its time does not count against
-    `limits.wall_s`. The caller is the child subreaper during the call only (the flag it had is
-    restored)."""
+    judges it there and drops what only judging needed); its time counts against the budget,
+    which ends at `deadline` (time.monotonic(); default: `limits.wall_s` from now), so a grade's
+    judging cannot stretch it (a judge added back once made `--timeout 60` take 502 s). The
+    caller is the child subreaper during the call only (the flag it had is restored)."""
     was_subreaper = _set_subreaper(True)
     try:
-        return _run_session(job, plans, limits, workdir, on_record)
+        return _run_session(job, plans, limits, workdir, on_record, deadline)
     finally:
         _set_subreaper(was_subreaper)
 
 
 def _run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Path,
-                 on_record: Callable[[GroupRecord], None] | None) -> RunResult:
+                 on_record: Callable[[GroupRecord], None] | None,
+                 deadline: float | None) -> RunResult:
     _raise_open_files()
     theirs = frozenset(children_of(os.getpid()))
     uid = sandbox_uid()
     start = time.monotonic()
-    deadline = start + limits.wall_s
+    deadline = start + limits.wall_s if deadline is None else deadline
     result = RunResult()
     grade_group = PidsGroup.create(f"autograder-{os.getpid()}-{time.monotonic_ns()}",
                                    limits.processes + 8)
@@ -137,9 +141,7 @@ def _run_session(job: Job, plans: list[LaunchPlan], limits: Limits, workdir: Pat
                                                          f"{failure.kind}.")
             result.records[key] = record
             if on_record is not None:
-                began = time.monotonic()
-                on_record(record)
-                deadline += time.monotonic() - began  # the grader's time, not the grade's
+                on_record(record)  # judged within the same budget (`judging.judge_launch`)
     finally:
         if server is not None:
             server.stop()

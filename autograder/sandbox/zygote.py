@@ -176,7 +176,9 @@ def _warm() -> None:
     """Run torch's lazily initialised paths once here (the meta device, a module's forward and
     backward), so that no forked rank pays for them again: building a small model on the meta
     device costs about 0.3 s the first time in a process and 2 ms after. Generic torch calls
-    only; nothing of any lab or submission."""
+    only; nothing of any lab or submission. With GPUs visible (a cuda grade) the backward is
+    skipped: autograd's first backward starts the CUDA driver on a machine with GPUs, and a
+    driver live in the fork server fails every forked rank's first CUDA call."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -188,7 +190,9 @@ def _warm() -> None:
         layer.weight.normal_()
         layer.bias.zero_()
     x = torch.randn(2, 4, requires_grad=True)
-    F.mse_loss(F.relu(F.gelu(layer(x))), torch.zeros(2, 3)).backward()
+    loss = F.mse_loss(F.relu(F.gelu(layer(x))), torch.zeros(2, 3))
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "") == "":
+        loss.backward()
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import torch
 from _lab_harness import chunk_bounds  # the lab's harness.py (loaded under this name)
 from autograder.feedback import compare_outputs, unexplained_message
 from autograder.lab import CaseResult, Check, LabInfo, Verdict
+from autograder.outputs import Tensor
 
 LAB = LabInfo(
     slug="01_collectives",
@@ -27,6 +28,24 @@ LAB = LabInfo(
     names=("ring_all_reduce", "tree_broadcast", "ring_reduce_scatter", "ring_all_gather"),
     forbidden_imports=("toolkit.collectives",),
 )
+
+
+def _whole(case: dict, inputs: torch.Tensor, rank: int, world_size: int) -> Tensor:
+    return Tensor.like(inputs)  # the harness's own tensor, written in place
+
+
+def _chunk(case: dict, inputs: torch.Tensor, rank: int, world_size: int) -> Tensor:
+    a, b = chunk_bounds(inputs.numel(), world_size)[rank]
+    return Tensor((b - a,), Tensor.like(inputs).dtypes)
+
+
+def _flat(case: dict, inputs: torch.Tensor, rank: int, world_size: int) -> Tensor:
+    return Tensor((inputs.numel(),), Tensor.like(inputs).dtypes)
+
+
+# What each call's harness returns (`autograder.outputs`), checked before any judge reads it.
+OUTPUTS = {"all_reduce": _whole, "broadcast": _whole, "reduce_scatter": _chunk,
+           "all_gather": _flat}
 
 
 def cases(world_sizes, numels, dtypes=("float32",), seed: int = 0, **extra) -> tuple[dict, ...]:

@@ -26,19 +26,23 @@ def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
     return [(s, s + n) for s, n in zip(starts, sizes)]
 
 
-def make_input(case: dict, rank: int) -> torch.Tensor:
-    """Rank `rank`'s full-size tensor: seeded normal values, different on every rank, drawn on
-    the CPU (the grader computes expected values from the same draw); a rank moves it to
-    its device (`call.device`)."""
-    g = torch.Generator().manual_seed(int(case.get("seed", 0)) * 1009 + rank)
+def make_input(case: dict, gen: torch.Generator) -> torch.Tensor:
+    """One rank's full-size tensor: normal values drawn from `gen` (that rank's stream) on the
+    generator's device, the CPU (the grader computes expected values from the same draw); a
+    rank moves it to its device (`call.device`)."""
     shape = case.get("shape") or [case["numel"]]
-    draw = torch.randn(shape, generator=g, dtype=torch.float64)
+    draw = torch.randn(shape, generator=gen, dtype=torch.float64, device=gen.device)
     return draw.to(DTYPES[case.get("dtype", "float32")])
 
 
 def make_inputs(case: dict, world_size: int) -> list[torch.Tensor]:
-    """Every rank's full-size tensor (all-gather passes chunk_bounds[rank] of it)."""
-    return [make_input(case, r) for r in range(world_size)]
+    """Every rank's full-size tensor (all-gather passes chunk_bounds[rank] of it). Grader side
+    only: rank r's stream is seeded by a hash of the case's seed and ("rank", r)
+    (`autograder.seeds`), so a rank that recovers its own seed learns no other rank's."""
+    from autograder.seeds import generator  # grader side: ranks never call make_inputs
+
+    seed = int(case.get("seed", 0))
+    return [make_input(case, generator(seed, "rank", r)) for r in range(world_size)]
 
 
 def _all_reduce(student, call):

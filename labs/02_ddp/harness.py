@@ -1,10 +1,12 @@
 """Lab 02's inputs and rank-side calls: how each check calls the student's DDP.
 
 Imported by the grader, which makes every rank's inputs (`make_inputs`: its model's initial
-weights, drawn from ``seed + rank``, and its micro-batches) from a seed derived from the grade's
-secret, and copied into the sandbox (as `_lab_harness`), where each rank receives its own
-inputs alone: the replicas start *different*, and only the broadcast in ``DDP(...)`` makes them
-equal. Holds no answers.
+weights, drawn from its own stream ("model", rank), and its micro-batches, from the stream
+"data") from a seed derived from the grade's secret, and copied into the sandbox (as
+`_lab_harness`), where each rank receives its own inputs alone: the replicas start
+*different*, and only the broadcast in ``DDP(...)`` makes them equal. Holds no answers. Each
+rank returns its weights after ``DDP(...)``, before every step and at the end: the judges
+compute the gradients each step's all-reduces must carry at the weights the step started from.
 
 Each step is cut into sections the grader's courier records (`call.section`): ``quiet{k}``
 (the micro-batches inside ``no_sync()``) and ``sync{k}`` (the synchronised forward and
@@ -66,10 +68,23 @@ class Toy(nn.Module):
         return out + self.side(x) if use_side and self.side is not None else out
 
 
+def _stream(case: dict, *labels: str | int) -> int:
+    """The seed of the case's stream named `labels` (`autograder.seeds`: a hash of the case's
+    seed and the labels, so a rank that recovers its own model's seed learns no other stream).
+    Grader side: the case a rank sees has no seed, and a rank only builds the architecture
+    (0: its weights come from its inputs) without importing the grader's modules."""
+    if "seed" not in case:
+        return 0
+    from autograder.seeds import stream_seed  # grader side only
+
+    return stream_seed(int(case["seed"]), *labels)
+
+
 def make_model(case: dict, rank: int = 0) -> nn.Module:
-    """The case's model as rank `rank` builds it (seeded by seed + rank: ranks differ), on the
-    CPU: the grader's reference builds the same one; a rank moves it to its device."""
-    seed = 1000 * int(case.get("seed", 0)) + rank
+    """The case's model as rank `rank` starts it (its own stream ("model", rank): ranks
+    differ), on the CPU: the grader's reference builds rank 0's; a rank builds the architecture
+    and loads the weights it was sent, then moves it to its device."""
+    seed = _stream(case, "model", rank)
     d_in, d_hid, d_out = DIMS[case.get("model", "toy")]
     if case.get("model") == "mlp":
         model = TinyMLP(d_in, d_hid, d_out, depth=3, seed=seed)
@@ -88,7 +103,7 @@ def uses_side(case: dict, step: int) -> bool:
 
 def make_data(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole batch (the same every step)."""
-    g = torch.Generator().manual_seed(7 + int(case.get("seed", 0)))
+    g = torch.Generator().manual_seed(_stream(case, "data"))
     d_in, _, d_out = DIMS[case.get("model", "toy")]
     return torch.randn(BATCH, d_in, generator=g), torch.randn(BATCH, d_out, generator=g)
 
@@ -165,7 +180,9 @@ def _train(student, call):
     after_init = _state(model)
     batches = [tuple(t.to(call.device) for t in b) for b in call.inputs["batches"]]
     params = [p for p in model.parameters() if p.requires_grad]
+    before = []  # the weights each step starts from: what its gradients are computed at
     for step in range(int(call.case.get("steps", 3))):
+        before.append(_state(model))
         for p in params:
             p.grad = None
         _step(ddp, call, step, batches)
@@ -173,7 +190,7 @@ def _train(student, call):
             for p in params:
                 if p.grad is not None:
                     p.add_(p.grad, alpha=-LR)
-    return {"after_init": after_init, "final": _state(model)}
+    return {"after_init": after_init, "before": before, "final": _state(model)}
 
 
 def _buckets(student, call):

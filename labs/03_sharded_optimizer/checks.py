@@ -26,6 +26,7 @@ from torch import nn
 
 from _lab_harness import make_model  # the lab's harness.py
 from autograder.lab import CaseResult, Check, LabInfo, Verdict, one_row_each
+from autograder.outputs import FLOATS, Maybe, Seq, Tensor, state_form
 from autograder.sandbox.rank import load_module
 
 # This folder's expected.py and traffic.py, loaded by path as the grader loads every lab file.
@@ -45,6 +46,37 @@ LAB = LabInfo(
     allowed_collectives=("all_gather_into_tensor", "reduce_scatter_tensor", "all_gather",
                          "reduce_scatter", "all_reduce", "broadcast"),
 )
+
+def _elements(case: dict) -> int:
+    """Every parameter element of the case's model: a bound on any tensor a rank returns whose
+    shape its code decides (a shard, a full weight); judges compare shapes before values."""
+    return sum(q.numel() for q in make_model(case).parameters())
+
+
+def _bounds_form(case: dict, inputs, rank: int, world_size: int) -> Seq:
+    flat = Tensor(max_numel=4 * (max(int(n) for n in case["sizes"]) + 4))
+    return Seq({"bounds": Seq(Seq(int)), "flat": flat}, len(_bounds_rows(case)))
+
+
+def _zero_form(case: dict, inputs, rank: int, world_size: int) -> dict:
+    return {"params": state_form(make_model(case).state_dict()), "state_elements": int}
+
+
+def _fsdp_form(case: dict, inputs, rank: int, world_size: int) -> dict:
+    units = len(_linears(make_model(case)))
+    shard = Tensor(max_numel=_elements(case), dtypes=FLOATS)
+    return {"init_shards": Seq(shard, units), "shards": Seq(shard, units),
+            "held_after_forward": Maybe(int), "held_shard_view": Maybe(bool)}
+
+
+def _fsdp_state_form(case: dict, inputs, rank: int, world_size: int) -> Seq:
+    full = Tensor(max_numel=_elements(case), dtypes=FLOATS)
+    return Seq({"weight": full, "bias": full}, len(_linears(make_model(case))))
+
+
+# What each call's harness returns (`autograder.outputs`), checked before any judge reads it.
+OUTPUTS = {"bounds": _bounds_form, "zero": _zero_form, "fsdp": _fsdp_form,
+           "fsdp_state": _fsdp_state_form}
 
 STATE_PER_ELEMENT = {"sgd": 1, "adam": 2}  # momentum; Adam's exp_avg + exp_avg_sq (any dtype)
 SHARE_SLACK = 1.25  # "≈ 1/N_d": a rank may hold up to 25 % more than an even flat shard
@@ -136,7 +168,7 @@ def judge_zero(r: CaseResult) -> Verdict:
             return Verdict(False, f"a collective carried {', '.join(low)} ({label(r)}, {opt}, "
                                   f"{steps} steps): {KEEP_FLOAT32}; this run's rounding stayed "
                                   "within the tolerance, another's would not")
-        return Verdict(True)
+        return _sharded(tr.zero_collectives(r))
     rank, name = bad
     init = make_model(r.case).state_dict()
     got = outputs[rank].get(name) if isinstance(outputs[rank], dict) else None
@@ -186,9 +218,19 @@ def judge_state(r: CaseResult) -> Verdict:
     return tr.zero_collectives(r)  # each rank received only its shard's gradient
 
 
+def _sharded(verdict: Verdict) -> Verdict:
+    """A values check's verdict once the values are right: whether the run was sharded, from
+    what the courier moved and kept (traffic.py), whatever the values say."""
+    if verdict.passed:
+        return verdict
+    return Verdict(False, f"the parameters are right, but the run was not sharded: "
+                          f"{verdict.message}", verdict.kind)
+
+
 def judge_zero_traffic(r: CaseResult) -> Verdict:
-    values = judge_zero(r)
-    return tr.zero_collectives(r) if values.passed else values
+    """The values, then one flat reduce-scatter and one all-gather per step with the right
+    contents: `judge_zero` itself, since its values count only for a sharded run."""
+    return judge_zero(r)
 
 
 # -- FSDPLinear ------------------------------------------------------------------------------
@@ -236,7 +278,7 @@ def judge_fsdp(r: CaseResult) -> Verdict:
                 break
         if wrong is None:
             if scale == 1.0:
-                return Verdict(True)
+                return _sharded(tr.fsdp_sharded(r, steps))
             return Verdict(False, f"the trained parameters match gradients *summed* over the {p} "
                                   f"ranks ({label(r)}): divide the reduce-scattered gradient by "
                                   "the world size")
@@ -249,6 +291,8 @@ def judge_fsdp(r: CaseResult) -> Verdict:
 
 
 def judge_fsdp_traffic(r: CaseResult) -> Verdict:
+    """The values (sharded: `judge_fsdp`), nothing gathered held after forward, then two
+    all-gathers and one reduce-scatter per unit and step, of S and p·S elements."""
     values = judge_fsdp(r)
     if not values.passed:
         return values
@@ -276,13 +320,6 @@ def judge_fsdp_traffic(r: CaseResult) -> Verdict:
                                   "after use, save only x for backward, and gather the weight "
                                   "again in backward")
         calls = counts(t)
-        if calls.get("all_reduce"):
-            return Verdict(False, f"rank {rank} called all_reduce: FSDP reduce-scatters the "
-                                  "gradient, so each rank receives only its shard's sum "
-                                  "((N−1)/N·Ψ per rank instead of 2(N−1)/N·Ψ)")
-        bad = tr.late_verdict(t, rank, "FSDP")
-        if bad is not None:
-            return bad
         want = {AG: 2 * units * steps, RS: units * steps}
         got = {op: calls.get(op, 0) for op in want}
         if got != want:
@@ -295,7 +332,7 @@ def judge_fsdp_traffic(r: CaseResult) -> Verdict:
                                   f"reduce-scatters {rs} ({label(r)}); the units' shards are "
                                   f"S = {shards}: each all-gather takes one unit's S-element "
                                   "shard, each reduce-scatter its flat padded gradient (p·S)")
-    return tr.foreign_verdict(r, "FSDP")
+    return Verdict(True)  # no all-reduce, broadcasts and contents: judge_fsdp's fsdp_sharded
 
 
 def judge_fsdp_state(r: CaseResult) -> Verdict:
@@ -309,7 +346,7 @@ def judge_fsdp_state(r: CaseResult) -> Verdict:
                     return Verdict(False, f"rank {rank}: full_state_dict() of layer {i} gives a "
                                           f"{name} that differs from single-process training "
                                           f"after one step ({label(r)})")
-    return Verdict(True)
+    return _sharded(tr.fsdp_sharded(r, 1))
 
 
 CHECKS = [

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from _lab_harness import OPTIMIZERS, local_batch, make_data, make_model  # the lab's harness.py
+from autograder.feedback import in_blocks
 from autograder.lab import CaseResult
 
 
@@ -69,21 +70,6 @@ def zero_contents(case: dict, p: int) -> list[tuple[list[list[torch.Tensor]], li
             grads.append([g.reshape(-1) for g in
                           torch.autograd.grad(F.mse_loss(model(x), y), params)])
     return out
-
-
-def in_blocks(values: torch.Tensor, blocks: list[torch.Tensor], same) -> list[int] | None:
-    """`values` read as whole blocks back to back, each used once, in any order: the indices
-    in the order found, until `values` or the blocks run out (what is left after them is not
-    read); None when no unused block matches (`same(piece, block)`) where one must start."""
-    order, at, left = [], 0, list(range(len(blocks)))
-    while left and at < values.numel():
-        k = next((k for k in left if same(values[at:at + blocks[k].numel()], blocks[k])), None)
-        if k is None:
-            return None
-        order.append(k)
-        left.remove(k)
-        at += blocks[k].numel()
-    return order
 
 
 def block_order(gathered: torch.Tensor | None, blocks: list[torch.Tensor]) -> list[int] | None:

@@ -5,7 +5,9 @@ Calls per operation (``reduce_scatter_tensor``, ``reduce_scatter_single`` and th
 reduce-scatter p·S, the flat padded vector; an all-gather S, a shard; S = ⌈n/p⌉ for the case's
 model) and, for ZeRO, their contents: the courier keeps their inputs, compared with the
 grader's own float64 step (expected.py). A broadcast may only sync the initial weights, once.
-ZeRO §5.1-5.3 and §7.2 (Rajbhandari et al., SC 2020).
+ZeRO §5.1-5.3 and §7.2 (Rajbhandari et al., SC 2020). The values checks rest on these too: a
+sharded optimizer or an FSDP unit whose collectives do not shard is not one, whatever its
+values (`zero_collectives`, `fsdp_sharded`).
 """
 
 from __future__ import annotations
@@ -158,6 +160,54 @@ def zero_collectives(r: CaseResult) -> Verdict:
                                   f"returns S, each all-gather takes the S-element shard")
     foreign = foreign_verdict(r, "ZeRO-2's step")
     return zero_contents_verdict(r) if foreign.passed else foreign
+
+
+def unit_flats(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Each FSDP unit's flat (weight, bias) vector, float64: one per Linear of the model."""
+    return [torch.cat([m.weight.detach().reshape(-1), m.bias.detach().reshape(-1)]).double()
+            for m in model if isinstance(m, torch.nn.Linear)]
+
+
+def fsdp_sharded(r: CaseResult, steps: int) -> Verdict:
+    """FSDP's sharding, from what the courier moved and kept, not from the values (a plain DDP
+    whose "all-gathers" were all-reduces of a zero buffer holding each rank's shard scored on
+    values alone: 74/100): no all-reduce carrying data (it hands every rank the whole sum), no
+    broadcast once training began or of anything but the initial weights; every reduce-scatter
+    takes a unit's flat padded gradient (p·S elements, so it returns S) and every all-gather
+    one S-element shard, S = ⌈n/p⌉ for the case's units; and what each all-gather carried (the
+    courier's copy) is the rank's own shard of one unit's parameters at some step of the
+    grader's float64 run (`steps` SGD steps, every point counted: a gathered gradient is not
+    a shard of parameters)."""
+    p = r.world_size
+    runs = [unit_flats(m) for m in ex.training(r.case, steps=steps, optimizer="plain_sgd")]
+    shards = [math.ceil(f.numel() / p) for f in runs[0]]
+    mine = [[padded([f], p)[rank * s:(rank + 1) * s] for fl in runs for f, s in zip(fl, shards)]
+            for rank in range(p)]
+    for rank, t in enumerate(r.traffic):
+        if any(o.op == "all_reduce" and o.nbytes for o in t.ops):
+            return Verdict(False, f"rank {rank} called all_reduce: FSDP reduce-scatters the "
+                                  "gradient, so each rank receives only its shard's sum "
+                                  "((N−1)/N·Ψ per rank instead of 2(N−1)/N·Ψ), and all-gathers "
+                                  "the parameters")
+        bad = late_verdict(t, rank, "FSDP")
+        if bad is not None:
+            return bad
+        ag, rs = sizes(t, AG), sizes(t, RS)
+        if any(n not in shards for n in ag) or any(n not in [p * s for s in shards] for n in rs):
+            return Verdict(False, f"rank {rank}'s all-gathers took {ag} elements in and its "
+                                  f"reduce-scatters {rs} ({label(r)}); the units' shards are "
+                                  f"S = {shards}: each all-gather takes one unit's S-element "
+                                  "shard, each reduce-scatter its flat padded gradient (p·S)")
+        for k, o in enumerate(x for x in t.ops if SAME.get(x.op, x.op) == AG):
+            got = inputs(o)
+            if not any(close(got, want) for want in mine[rank]):
+                what = said(got, mine[rank][0]) if got is None else "it carried other values"
+                return Verdict(False, f"rank {rank}'s all-gather {k + 1} did not take in its "
+                                      "shard of a unit's parameters (elements [r·S, (r+1)·S) of "
+                                      "the flat (weight, bias) vector, as the step left them): "
+                                      f"{what} ({label(r)}); FSDP gathers parameters, never "
+                                      "gradients")
+    return foreign_verdict(r, "FSDP")
 
 
 def inputs(op) -> torch.Tensor | None:

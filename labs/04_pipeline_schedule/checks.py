@@ -19,6 +19,7 @@ import itertools
 import torch
 
 from autograder.lab import CaseResult, Check, LabInfo, Verdict
+from autograder.outputs import Either, Seq
 from toolkit import pipeline
 from toolkit.models import TinyMLP, make_regression_data
 
@@ -30,6 +31,16 @@ LAB = LabInfo(
     forbidden_imports=("toolkit.pipeline",),
     devices=("cpu",),  # its ranks return plain lists; the real pipeline runs in the grader
 )
+
+
+def _schedule_form(case: dict, inputs, rank: int, world_size: int) -> Either:
+    # The harness turns whatever the student's function returns into text: rows of op names,
+    # or a row's (or the whole result's) repr.
+    return Either(Seq(Either(Seq(str), str)), str)
+
+
+# What each call's harness returns (`autograder.outputs`), checked before any judge reads it.
+OUTPUTS = {"schedule": _schedule_form, "bubble": lambda case, inputs, rank, p: float}
 
 BACKWARD_OVER_FORWARD = 2.0  # a backward costs about two forwards (two matmuls per one)
 

@@ -22,6 +22,7 @@ from _lab_harness import DTYPES  # the lab's harness.py (loaded under this name)
 from autograder.feedback import close, kept_input
 from autograder.sandbox.courier import KEEP_BYTES
 from autograder.lab import CaseResult, Check, LabInfo, Verdict
+from autograder.outputs import SCALAR, Either, Mapping, Maybe, Tensor
 from autograder.sandbox.rank import load_module
 
 
@@ -40,6 +41,20 @@ LAB = LabInfo(
     forbidden_imports=("toolkit.tensor_parallel",),
     allowed_collectives=("all_reduce",),
 )
+
+
+def _form(case: dict, inputs: dict, rank: int, world_size: int):
+    """Shards, outputs and gradients are shaped by the student's layers (the judges name a
+    wrong shape, comparing shapes before values: `feedback.close`, `expected.like`): each is a
+    tensor of at most every element this rank's inputs hold, p times (a shard not split), or
+    a number; "fg" holds one such dict per operator."""
+    most = world_size * sum(t.numel() for t in inputs.values()) + 64
+    leaf = Mapping(Either(Maybe(Tensor(max_numel=most)), SCALAR))
+    return {"f": leaf, "g": leaf} if case["kind"] == "fg" else leaf
+
+
+# What each call's harness returns (`autograder.outputs`), checked before any judge reads it.
+OUTPUTS = {name: _form for name in ("fg", "shards", "column", "row", "mlp")}
 
 # (all-reduces in forward, in backward) of each piece, and what the forward one is for.
 PHASES = {"fg.f": (0, 1), "fg.g": (1, 0), "column": (0, 1), "row": (1, 0), "mlp": (1, 1)}

@@ -3,17 +3,21 @@
 Masters: fp32 copies (not the working tensors), rounded back into the bf16 working weights in
 place. Scaler: the dynamic rule against `toolkit.precision.next_scale`, step by step, and a
 scaler restored from its state dict continuing identically. Unscale: fp32 master gradients
-equal to grad / s, and the inf/NaN of one rank found on every rank (one all-reduce, counted by
-the grader's courier). Reduce: the mean over the ranks from one all-reduce of 2 bytes per
-element (bf16, half of fp32's), bytes recorded by the courier. Train: the masters after every
-step against float64 SGD within `expected.TOLERANCE`, the skipped steps exactly where an
-overflow was injected on one rank, the scale after each step, and the working weights equal to
-the masters rounded to bf16 on every rank (Micikevicius et al., 2018, §3.1-3.2).
+equal to grad / s, and the inf/NaN of one rank found on every rank (one all-reduce of at most
+FLAG_BYTES, counted by the grader's courier; in training the flag may also ride in the
+gradient all-reduce, as with torch's DDP and GradScaler: README.md says which forms). Reduce:
+the mean over the ranks from one all-reduce of 2 bytes per element (bf16, half of fp32's),
+bytes recorded by the courier. Train: the masters after every step against float64 SGD within
+`expected.TOLERANCE`, the skipped steps exactly where an overflow was injected on one rank, the
+scale after each step, and the working weights equal to the masters rounded to bf16 on every
+rank (Micikevicius et al., 2018, §3.1-3.2).
 
 Every count, byte and dtype is judged over the whole case (`r.traffic[rank]`, bounded by the
 courier, which hands out the case and takes its output), never inside the harness's sections:
 their marks are sent by the rank, and a forged pair once moved a float32 all-reduce out of the
-counted section (red team 3). Sections only say which step a message is about.
+counted section (red team 3). Sections only say which step a message is about. Every result
+is checked against its declared form (`OUTPUTS`) before a judge reads it: the judges subtract
+masters and gradients from the reference, so their shapes are exact (issue 30).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 
 from autograder.feedback import describe
 from autograder.lab import CaseResult, Check, LabInfo, Verdict
+from autograder.outputs import SCALAR, Mapping, Maybe, Seq, Tensor
 from autograder.sandbox.rank import load_module
 
 
@@ -40,6 +45,48 @@ LAB = LabInfo(
     allowed_collectives=("all_reduce",),
 )
 NOT_KEPT = "master weights not kept"
+ANY = None  # any dtype: the judges name a wrong one (a master that is not float32, ...)
+BF16 = frozenset({"bfloat16"})
+
+
+def _shapes(tensors) -> list[tuple[int, ...]]:
+    return [tuple(t.shape) for t in tensors]
+
+
+def _masters_form(case: dict, inputs: dict, rank: int, world_size: int) -> dict:
+    shapes, most = _shapes(inputs["w"]), sum(t.numel() for t in inputs["w"])
+    # master_copy decides how many tensors and their shapes (judge_masters names a wrong
+    # count, and compares with torch.equal, which never broadcasts); copy_to_working then
+    # writes the harness's own bf16 parameters
+    return {"masters": Seq(Maybe(Tensor(max_numel=most))), "leaf": Seq(bool),
+            "shared": Seq(bool), "working": Maybe([Tensor(s, BF16) for s in shapes]),
+            "same_storage": Maybe(Seq(bool, len(shapes)))}
+
+
+def _scaler_form(case: dict, inputs, rank: int, world_size: int) -> dict:
+    flags, split = case["flags"], case["split"]
+    return {"scaled": Maybe(Tensor(max_numel=1)), "scales": Seq(float, len(flags)),
+            "resumed": Seq(float, len(flags) - split), "state": Maybe(Mapping(SCALAR))}
+
+
+def _grads_form(case: dict, inputs: dict, rank: int, world_size: int) -> dict:
+    grads = [Maybe(Tensor(s, ANY)) for s in _shapes(inputs["g"])]  # judged after arithmetic
+    return {"found": bool, "grads": grads, "working": grads} if case["kind"] == "unscale" \
+        else {"grads": grads}
+
+
+def _train_form(case: dict, inputs: dict, rank: int, world_size: int) -> dict:
+    shapes = [(case["d_out"], case["d_in"]), (case["d_out"],)]
+    return {"history": Seq({"stepped": Maybe(bool), "scale": float,
+                            "masters": [Maybe(Tensor(s, ANY)) for s in shapes],
+                            "working": [Tensor(s, BF16) for s in shapes]}, case["steps"])}
+
+
+# What each call's harness returns (`autograder.outputs`), checked before any judge reads it:
+# lab 06's judges subtract and compare masters and gradients, so their shapes are exact (a
+# (2²¹, 1, 1) "gradient" broadcast against the reference took 5.4 GB of the grader).
+OUTPUTS = {"masters": _masters_form, "scaler": _scaler_form, "unscale": _grads_form,
+           "reduce": _grads_form, "train": _train_form}
 
 
 def case(kind: str, world_size: int, seed: int, **params) -> dict:
@@ -158,10 +205,13 @@ def judge_unscale(r: CaseResult) -> Verdict:
                         f"{bad[1]}" if any_bad else f"unscale_ returned {found[0]} for finite "
                         f"gradients")
     for rank in range(r.world_size):
-        calls = r.traffic[rank].calls  # the whole case (the courier's bounds): unscale_ only
-        if r.world_size > 1 and calls != {"all_reduce": 1}:
-            return _fail(r, f"rank {rank} made {calls or 'no collectives'} in unscale_: "
-                            f"expected one all-reduce (of the inf/NaN flag)")
+        t = r.traffic[rank]  # the whole case (the courier's bounds): unscale_ only
+        if r.world_size > 1 and (t.calls != {"all_reduce": 1}
+                                 or t.ops[0].nbytes > FLAG_BYTES):
+            what = t.calls or "no collectives"
+            return _fail(r, f"rank {rank} made {what} ({t.collective_bytes} bytes) in "
+                            f"unscale_: expected one all-reduce of the inf/NaN flag, at most "
+                            f"{FLAG_BYTES} bytes (one number, or two float64s)")
     return Verdict(True)
 
 
@@ -255,33 +305,52 @@ def judge_train(r: CaseResult) -> Verdict:
     return Verdict(True)
 
 
-FLAG_BYTES = 8  # the inf/NaN flag's all-reduce: one number (int64 or float64 at most)
+FLAG_BYTES = 16
+"""The inf/NaN flag's bytes, in an all-reduce of its own or riding in the gradients' bf16 buffer:
+one number of any dtype, or two float64s (inf and NaN apart)."""
+
+
+def _gradient_op(op, psi: int) -> bool:
+    """The gradient all-reduce: Ψ bf16 values, with up to FLAG_BYTES of flags riding along."""
+    return op.dtype == "bfloat16" and 2 * psi <= op.nbytes <= 2 * psi + FLAG_BYTES
 
 
 def judge_train_bytes(r: CaseResult) -> Verdict:
     """The case's all-reduces, all of them (the courier's bounds, not the harness's marks):
-    per step one gradient all-reduce of 2Ψ bytes of bf16 and one flag of at most FLAG_BYTES;
-    nothing else. The sections only say which step a wrong one was in (feedback)."""
+    per step one gradient all-reduce of 2Ψ bytes of bf16 (plus at most FLAG_BYTES of a flag
+    riding in the same buffer, as torch's DDP with GradScaler lets an inf travel in the
+    gradients), and at most one flag all-reduce of at most FLAG_BYTES; nothing else. The
+    sections only say which step a wrong one was in (feedback)."""
     values = judge_train(r)
     if not values.passed:
         return values
     psi, steps = r.case["d_out"] * (r.case["d_in"] + 1), r.case["steps"]
-    want = f"{2 * psi} bytes of bfloat16 (Ψ = {psi} parameters)"
+    want = (f"{2 * psi} bytes of bfloat16 (Ψ = {psi} parameters; a flag of up to {FLAG_BYTES} "
+            "bytes may ride along)")
     for rank in range(r.world_size):
-        ops = [op for op in r.traffic[rank].ops if op.op == "all_reduce"]
-        grads = [op for op in ops if op.nbytes > FLAG_BYTES]
-        wrong = next((op for op in grads
-                      if op.nbytes != 2 * psi or op.dtype != "bfloat16"), None)
+        t = r.traffic[rank]
+        ops = [op for op in t.ops if op.op == "all_reduce"]
+        grads = [op for op in ops if _gradient_op(op, psi)]
+        flags = [op for op in ops if op.nbytes <= FLAG_BYTES]
+        known = {id(op) for op in grads + flags}
+        wrong = next((op for op in ops if id(op) not in known), None)
         if wrong is not None:
-            where = next((f" in step {t}" for t in range(steps)
-                          if any(o is wrong for o in r.traffic[rank].section(f"step{t}").ops)),
-                         "")
+            where = next((f" in step {k}" for k in range(steps)
+                          if any(o is wrong for o in t.section(f"step{k}").ops)), "")
+            why = (" (float32: cast the buffer to bfloat16)" if wrong.nbytes >= 4 * psi
+                   and wrong.dtype != "bfloat16" else "")
             return _fail(r, f"rank {rank}'s all-reduce{where}: {wrong.nbytes} bytes of "
-                            f"{wrong.dtype}; every gradient all-reduce must be {want}")
-        if len(grads) != steps or len(ops) != 2 * steps:
-            return _fail(r, f"rank {rank} made {len(ops)} all-reduces in {steps} steps, "
-                            f"{len(grads)} of them over {FLAG_BYTES} bytes; expected 2 per step "
-                            f"(the gradients, {want}; the inf/NaN flag)")
+                            f"{wrong.dtype}; the gradients travel as one bf16 buffer of {want}, "
+                            f"the inf/NaN flag as at most {FLAG_BYTES} bytes{why}")
+        if len(grads) != steps:
+            return _fail(r, f"rank {rank} made {len(grads)} gradient all-reduces in {steps} "
+                            f"steps; expected one per step ({want}): flatten every gradient "
+                            "into one bf16 buffer and all-reduce it once")
+        if len(flags) > steps:
+            return _fail(r, f"rank {rank} made {len(flags)} all-reduces of at most "
+                            f"{FLAG_BYTES} bytes in {steps} steps; one inf/NaN flag per step "
+                            "is enough (all-reduce both flags together, or let the inf ride in "
+                            "the gradients)")
     return Verdict(True)
 
 
@@ -300,7 +369,8 @@ CHECKS = [
           "unscale", (case("unscale", 2, 0, shapes=[[3, 5], [5]], scale=1024.0, bad=[1, "inf"]),
                       case("unscale", 4, 1, shapes=[[4, 2], [2]], scale=256.0, bad=None)),
           judge_unscale, timeout=30,
-          about="One all-reduce of the inf/NaN flag, counted by the courier."),
+          about="One all-reduce of the inf/NaN flag (at most 16 bytes), counted by the "
+                "courier."),
     Check("all_reduce_gradients: the mean, one all-reduce of 2 bytes per element", 8, "reduce",
           (case("reduce", 2, 0, shapes=[[4, 6], [6], [3]]),
            case("reduce", 4, 1, shapes=[[5, 3], [3]])),

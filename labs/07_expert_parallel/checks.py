@@ -20,6 +20,7 @@ import torch
 
 from autograder.feedback import describe
 from autograder.lab import CaseResult, Check, LabInfo, Verdict
+from autograder.outputs import SCALAR, Maybe, Seq, Tensor
 from autograder.sandbox.channel import make_tensor
 from autograder.sandbox.courier import KEEP_BYTES
 from autograder.sandbox.rank import load_module
@@ -35,6 +36,27 @@ LAB = LabInfo(
     forbidden_imports=("toolkit.expert_parallel",),
     allowed_collectives=(),
 )
+
+
+def _capacity_form(case: dict, inputs, rank: int, world_size: int) -> dict:
+    return {"capacity": Seq(SCALAR, len(case["table"]))}
+
+
+def _keep_form(case: dict, inputs: dict, rank: int, world_size: int) -> dict:
+    # keep() decides the mask's shape; judge_keep compares shapes first
+    return {"kept": Maybe(Tensor(max_numel=4 * inputs["expert"].numel() + 16))}
+
+
+def _moe_form(case: dict, inputs: dict, rank: int, world_size: int) -> dict:
+    t, d = inputs["x"].shape
+    return {"y": Tensor((t, d)), "x_grad": Maybe(Tensor((t, d))),
+            "router_grad": Tensor(tuple(inputs["router"].shape)),
+            "expert_grads": {n: Tensor(tuple(inputs[n].shape)) for n in ("w1", "b1", "w2", "b2")},
+            "kept": Tensor(max_numel=4 * t * case["top_k"] + 16), "counts": Seq(SCALAR)}
+
+
+# What each call's harness returns (`autograder.outputs`), checked before any judge reads it.
+OUTPUTS = {"capacity": _capacity_form, "keep": _keep_form, "moe": _moe_form}
 
 
 def case(kind: str, world_size: int, seed: int, **params) -> dict:

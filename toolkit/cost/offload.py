@@ -247,6 +247,8 @@ PUBLISHED = (
     Published("A100 80GB SXM HBM2e", 2.039e12, "NVIDIA A100 Tensor Core GPU datasheet"),
     Published("V100 SXM2 HBM2", 900e9, "NVIDIA V100 Tensor Core GPU datasheet"),
     Published("NVLink 4 (H100, all links, both ways)", 900e9, "NVIDIA H100 datasheet"),
+    Published("NVLink-C2C (Grace Hopper, CPU ↔ GPU, one way)", 450e9,
+              "NVIDIA GH200 Grace Hopper Superchip datasheet: 900 GB/s both ways"),
     Published("PCIe 5.0 x16, one way", 63.0e9, "PCI-SIG: 32 GT/s × 16 lanes, 128b/130b"),
     Published("PCIe 4.0 x16, one way", 31.5e9, "PCI-SIG: 16 GT/s × 16 lanes, 128b/130b"),
     Published("PCIe 3.0 x16, one way", 15.75e9, "PCI-SIG: 8 GT/s × 16 lanes, 128b/130b"),

@@ -15,9 +15,12 @@ module            holds
 `memory`          `run_methods`: DDP, ZeRO-1/2, our FSDP and torch's FSDP2 trained on ranks, the
                   bytes each rank holds and sends; `predicted_rows` sets `toolkit.memory`'s
                   formulas beside them
-`planner`         `run_layout`: TinyGPT steps on ranks under a dp × tp layout; `link_fit` and
-                  `concurrent_flops`: this machine's α-β and FLOP/s, to build a
-                  `toolkit.planner.laptop` whose predictions are set beside the runs
+`planner`         `run_layout`: TinyGPT steps on ranks under a dp × tp layout; `calibrate`:
+                  this machine's rates per kind of op, the glue of a micro-batch and the
+                  all-reduce's α-β per group size (a `toolkit.planner.Calibration`), measured on
+                  the same ranks as the layouts' steps, in core and clock time
+`planner_ops`     the benches `calibrate` runs: every op of a step alone at its size, operands
+                  out of cache (`OperandPool`), the all-reduce's mean CPU cost per call
 ================  =================================================================================
 
 Import a module by name (``from toolkit.experiments.collectives import measure``): this package

@@ -50,10 +50,9 @@ import torch
 import torch.distributed as dist
 from pytorch_lightning.strategies import ModelParallelStrategy
 from torch.distributed.tensor import DTensor
-from torch.utils.data import DataLoader, TensorDataset
 
 from .. import comm
-from ..arguments import check_int, check_positive
+from ..arguments import check_int
 from ..chunks import chunk_bounds
 from ..cost import bytes_sent_per_rank
 from ..data_parallel.ddp import OverlappedDDP
@@ -63,7 +62,7 @@ from ..data_parallel.sampler import shard_indices
 from ..comm.kernel_io import written_bytes
 from ..frameworks import CourseModule, RecorderCallback, course_loss, quiet, read_recorded
 from ..launch import device, spawn
-from ..models import GPTConfig, TinyGPT, TinyMLP, make_regression_data, make_token_data
+from .train_config import TrainConfig, max_param_diff
 
 LAUNCHED = {"lightning_ddp": {}, "lightning_ddp_log": {"sync_log": True},
             "lightning_ddp_ckpt": {"checkpoint": True}}
@@ -72,48 +71,8 @@ IN_RANKS = ("lightning_ddp_ranks", "lightning_fsdp", "lightning_fsdp_auto", "cou
             "course_ddp_split", "course_fsdp")
 """Runs in ranks `spawn` starts, one launch for all."""
 RUNS = tuple(LAUNCHED) + IN_RANKS
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """What every run trains: the same model, data, batches and optimizer."""
-
-    model: str = "gpt"
-    """``"gpt"`` (TinyGPT on `make_token_data`) or ``"mlp"`` (TinyMLP on regression data)."""
-    gpt: GPTConfig = GPTConfig()
-    """The TinyGPT's sizes (its ``seed`` initialises every rank alike)."""
-    samples: int = 64
-    """Samples in the data set; each epoch deals them out over the ranks."""
-    batch_size: int = 8
-    """Samples per rank per step."""
-    epochs: int = 2
-    lr: float = 0.5
-    """Plain SGD's learning rate."""
-
-    def __post_init__(self) -> None:
-        if self.model not in ("gpt", "mlp"):
-            raise ValueError(f"TrainConfig: model must be 'gpt' or 'mlp', got {self.model!r}")
-        for name in ("samples", "batch_size", "epochs"):
-            check_int("TrainConfig", name, getattr(self, name))
-        check_positive("TrainConfig", "lr", self.lr)
-
-    def build_model(self, device: torch.device | None = None) -> torch.nn.Module:
-        """The model every run starts from, the same on every rank, on `device`."""
-        if self.model == "gpt":
-            return TinyGPT(self.gpt, device=device)
-        return TinyMLP(seed=0, device=device)
-
-    def dataset(self) -> TensorDataset:
-        """(index, x, y) for every sample, on the CPU, the same on every rank."""
-        if self.model == "gpt":
-            x, y = make_token_data(self.samples, self.gpt.seq_len, self.gpt.vocab_size)
-        else:
-            x, y = make_regression_data(self.samples, 8, 4)
-        return TensorDataset(torch.arange(self.samples, device=x.device), x, y)
-
-    def loader(self) -> DataLoader:
-        """The DataLoader a Lightning user writes: no sampler, no shuffle (Lightning adds both)."""
-        return DataLoader(self.dataset(), batch_size=self.batch_size)
+DEFAULT_CONFIG = TrainConfig()
+"""What `compare` and `fit_launched` train unless told otherwise."""
 
 
 @dataclass
@@ -136,11 +95,7 @@ class RunResult:
 
     def max_param_diff(self, other: "RunResult") -> float:
         """Largest |difference| between rank 0's final parameters here and in `other`."""
-        a, b = self.params[0], other.params[0]
-        if a.keys() != b.keys():
-            raise ValueError(f"max_param_diff: {self.name} and {other.name} name their "
-                             f"parameters differently: {sorted(a.keys() ^ b.keys())}")
-        return max((a[k] - b[k]).abs().max().item() for k in a)
+        return max_param_diff(self.params[0], other.params[0], names=(self.name, other.name))
 
     def max_loss_diff(self, other: "RunResult") -> float:
         """Largest |difference| between the per-step losses of the two runs, any rank (inf
@@ -167,7 +122,7 @@ FORK_LAUNCHED = ("ddp_notebook", "ddp_fork")
 """Lightning's strategies whose launcher forks the caller (`fit_launched`)."""
 
 
-def fit_launched(strategy: str = "ddp_notebook", *, config: TrainConfig = TrainConfig(),
+def fit_launched(strategy: str = "ddp_notebook", *, config: TrainConfig = DEFAULT_CONFIG,
                  world_size: int = 2, folder: str | None = None, sync_log: bool = False,
                  checkpoint: bool = False) -> RunResult:
     """Let Lightning fork `world_size` processes from this one (`FORK_LAUNCHED`) and train on
@@ -261,7 +216,7 @@ def _rank(rank: int, world_size: int, runs: Sequence[str], config: TrainConfig,
     return out
 
 
-def compare(runs: Sequence[str] = RUNS, *, config: TrainConfig = TrainConfig(),
+def compare(runs: Sequence[str] = RUNS, *, config: TrainConfig = DEFAULT_CONFIG,
             world_size: int = 2, timeout: float = 120) -> dict[str, RunResult]:
     """Train every run in `runs` on `world_size` gloo ranks (module docstring); run name ->
     `RunResult`, in the order of `runs`."""

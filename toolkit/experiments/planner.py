@@ -1,11 +1,10 @@
-"""The planner against a real run: TinyGPT steps on CPU ranks under a layout, and the laptop's
-own FLOP/s and α-β, so that `predict` can be set beside a measurement.
+"""The planner against a real run: TinyGPT steps on CPU ranks under dp × tp layouts, and this
+machine's own rates measured on the same ranks, so that a prediction can be set beside a
+measurement.
 
-    link = link_fit(world_sizes=(2, 4)).link          # gloo all-reduce, α and β of this machine
-    peak = concurrent_flops(cfg, tokens=256, ranks=4)  # FLOP/s one rank gets while all compute
-    here = laptop(link=link, peak_flops=peak)          # toolkit.planner.laptop
-    run = run_layout(cfg, Layout(dp=2, tp=2), global_batch=16)   # 4 gloo ranks
-    run["step"], predict(cfg, here, Layout(dp=2, tp=2), global_batch=16, ...).step
+    cal, runs = calibrate(cfg, [Layout(dp=4), Layout(dp=2, tp=2)], global_batch=16)
+    predict_calibrated(cfg, Layout(dp=2, tp=2), cal, global_batch=16).step, runs.core
+    run = run_layout(cfg, Layout(dp=2, tp=2), global_batch=16)     # one layout, wall time
 
 A run builds the same TinyGPT on every rank (seeded), swaps each block's attention and MLP for
 `toolkit.tensor_parallel`'s `ParallelSelfAttention` / `ParallelMLP` over the rank's tp group
@@ -14,79 +13,99 @@ replica its B/dp sequences in m micro-batches, and all-reduces the flattened gra
 dp group once per step (one bucket: the α-β model's single all-reduce), then steps SGD.
 Groups come from `Layout.groups`, so the ranks sit where the planner assumes. Only pp = cp = 1
 and ZeRO stage 0 run here (pipeline runs live in `toolkit.pipeline.run_pipeline`).
+
+`calibrate` measures in two launches of the same ranks (one holding both would hold twice the
+memory), each in rounds, each round in a rotated order so that a busy second of the machine
+falls on every part alike: first every op of `toolkit.planner.calibrated`'s table at the sizes
+the layouts use (`planner_ops.op_bench`, all ranks at once, operands taken from a pool larger
+than the caches, `COLD_BYTES`), one sequence's whole forward + backward against its ops (the
+glue) and the all-reduce of every group size at the sizes the layouts send; then `steps`
+training steps of every layout, timed in core time (`time.process_time`) and on the clock.
+Medians over ranks and rounds make the `Calibration` and the table of measured steps. Core
+time is what a rank spends whatever else the machine runs, so rates and steps measured a few
+seconds apart compare.
 """
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
+from typing import Callable, NamedTuple, Sequence
 
+import pandas as pd
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..cost import Fit, fit_alpha_beta
+from ..cost import Sample, fit_alpha_beta
 from ..launch import device, spawn
 from ..models import GPTConfig, TinyGPT, make_token_data
+from ..planner.calibrated import (
+    Calibration, Op, dense_ops, local_params, op_work, step_ops, tp_messages,
+)
 from ..planner.layout import Layout
 from ..tensor_parallel import ParallelMLP, ParallelSelfAttention
-from .collectives import measure as measure_collectives
+from .planner_ops import (
+    OperandPool, all_reduce_cpu, average_gradients, model_bench, op_bench, stand_ins,
+    time_all_reduce, time_op,
+)
 
-__all__ = ["concurrent_flops", "link_fit", "run_layout"]
+__all__ = ["calibrate", "run_layout"]
 
-
-def link_fit(*, world_sizes=(2, 4), sizes=(1 << 12, 1 << 16, 1 << 20, 1 << 22),
-             repeats: int = 3, timeout: float = 120) -> Fit:
-    """α and β of torch's gloo all-reduce on this machine: a small
-    `toolkit.experiments.collectives.measure` sweep, fitted with the ring's coefficients
-    (gloo's CPU all-reduce is ring-based, and the planner models every all-reduce as a ring)."""
-    table = measure_collectives([("all_reduce", "torch")], sizes=list(sizes),
-                                world_sizes=list(world_sizes), repeats=repeats, warmup=1,
-                                timeout=timeout)
-    return fit_alpha_beta(table.assign(algorithm="ring"))
+PER_PARAMETER = ("accumulate", "optimizer", "flatten")  # ops whose bench needs the rank's params
+COLD_BYTES = 8 << 20
+"""Bytes of each rank's operand pool: with 4 ranks, as much as this machine's caches hold (2 × 2
+MiB L2, 32 MiB L3 shared), so that large operands come mostly from memory, as in a step (module
+docstring), while the launch stays small."""
 
 
-def _matmul_rate(rank: int, world_size: int, rows: int, inner: int, outer: int,
-                 seconds: float) -> float:
-    dev = device()
-    a, w = torch.randn(rows, inner, device=dev), torch.randn(inner, outer, device=dev)
-    a @ w  # first call allocates
-    dist.barrier()  # every rank computes at once, as in a training step
-    calls, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a @ w  # (rows, inner) @ (inner, outer)
-        calls += 1
-    if dev.type == "cuda":
-        torch.cuda.synchronize()  # the launched kernels have all run before the clock stops
-    return 2 * rows * inner * outer * calls / (time.perf_counter() - t0)
+def _check(layout: Layout, global_batch: int) -> None:
+    if layout.pp != 1 or layout.cp != 1 or layout.zero != 0:
+        raise ValueError(f"run_layout runs dp × tp with ZeRO 0 only, got {layout.label()}")
+    if global_batch % (layout.dp * layout.micro_batches):
+        raise ValueError(f"run_layout: global_batch={global_batch} must split into dp × m = "
+                         f"{layout.dp} × {layout.micro_batches} micro-batches")
 
 
-def concurrent_flops(cfg: GPTConfig, *, tokens: int, ranks: int = 4, seconds: float = 0.3,
-                     timeout: float = 60) -> float:
-    """FLOP/s one rank sustains on the model's biggest matmul, (tokens, h) @ (h, 4h), while all
-    `ranks` run it at once for `seconds` (median over ranks): the laptop's "peak" for the
-    planner. A rank's share of 2 busy cores, not a datasheet figure."""
-    rates = spawn(_matmul_rate, ranks, tokens, cfg.d_model, cfg.ff_dim, seconds,
-                  echo=False, timeout=timeout)
-    return float(statistics.median(rates))
+def _new_group(ranks: list[int], made: dict[tuple[int, ...], object]) -> object:
+    """`dist.new_group(ranks)`, once per set of ranks (`made` keeps those already made): every
+    rank must call it for every group, in the same order, member or not."""
+    key = tuple(ranks)
+    if key not in made:
+        made[key] = dist.new_group(ranks)
+    return made[key]
 
 
-def _my_groups(rank: int, layout: Layout) -> dict[str, object]:
+def _my_groups(rank: int, layout: Layout, made: dict[tuple[int, ...], object] | None = None
+               ) -> dict[str, object]:
+    """This rank's tp and dp groups (axes of size 1 have none), from `Layout.groups`."""
+    made = {} if made is None else made
     mine = {}
     for axis in ("tp", "dp"):
-        for ranks in layout.groups(axis):  # every rank creates every group, in the same order
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                mine[axis] = group
+        for ranks in layout.groups(axis):
+            if len(ranks) > 1:
+                group = _new_group(ranks, made)
+                if rank in ranks:
+                    mine[axis] = group
     return mine
 
 
-def _train_rank(rank: int, world_size: int, model: TinyGPT, layout: Layout, global_batch: int,
-                steps: int, warmup: int) -> dict:
-    layout.check(world_size)
-    groups = _my_groups(rank, layout)
+class _Run(NamedTuple):
+    """One layout on one rank: ``step()`` trains a step and returns (loss, seconds in the
+    gradient exchange); and the rank's parameters."""
+
+    step: Callable[[], tuple[float, float]]
+    params: list[torch.nn.Parameter]
+
+
+def _layout_step(rank: int, model: TinyGPT, layout: Layout, global_batch: int, *,
+                 made: dict[tuple[int, ...], object] | None = None) -> _Run:
+    """This rank's training step under `layout` (module docstring). `made`: groups already
+    made, shared between layouts."""
+    groups = _my_groups(rank, layout, made)
     cfg, dev = model.cfg, device()
-    model.to(dev)  # built once by the caller, on the CPU
+    model.to(dev)
     if layout.tp > 1:
         for block in model.blocks:
             block.attn = ParallelSelfAttention.from_dense(block.attn, group=groups["tp"])
@@ -109,17 +128,18 @@ def _train_rank(rank: int, world_size: int, model: TinyGPT, layout: Layout, glob
             total += loss.item()
         t0 = time.perf_counter()
         if layout.dp > 1:  # one flat bucket, averaged over the replicas
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            dist.all_reduce(flat, group=groups["dp"])
-            flat /= layout.dp
-            offset = 0
-            for p in params:
-                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+            average_gradients(params, groups["dp"], layout.dp)
         comm = time.perf_counter() - t0
         opt.step()
         return total, comm
 
+    return _Run(step, params)
+
+
+def _train_rank(rank: int, world_size: int, model: TinyGPT, layout: Layout, global_batch: int,
+                steps: int, warmup: int) -> dict:
+    layout.check(world_size)
+    step = _layout_step(rank, model, layout, global_batch).step
     first_loss = step()[0]
     for _ in range(warmup - 1):
         step()
@@ -141,11 +161,7 @@ def run_layout(cfg: GPTConfig, layout: Layout, *, global_batch: int, steps: int 
     ``dp_comm`` (seconds in the gradient all-reduce: per step the *fastest* rank's, the one that
     arrived last and so waited for no one, median over steps) and ``first_loss`` (the loss of
     the first step averaged over dp replicas: equal for every layout of one model)."""
-    if layout.pp != 1 or layout.cp != 1 or layout.zero != 0:
-        raise ValueError(f"run_layout runs dp × tp with ZeRO 0 only, got {layout.label()}")
-    if global_batch % (layout.dp * layout.micro_batches):
-        raise ValueError(f"run_layout: global_batch={global_batch} must split into dp × m = "
-                         f"{layout.dp} × {layout.micro_batches} micro-batches")
+    _check(layout, global_batch)
     if steps < 1 or warmup < 1:
         raise ValueError(f"run_layout: need steps >= 1 and warmup >= 1, got {steps}, {warmup}")
     # Built here, once: a first TinyGPT costs ~2 s of lazy imports, paid by every forked rank
@@ -159,3 +175,160 @@ def run_layout(cfg: GPTConfig, layout: Layout, *, global_batch: int, steps: int 
     heads = [out[layout.rank(dp=i)]["first_loss"] for i in range(layout.dp)]
     return {"step": statistics.median(slowest), "dp_comm": statistics.median(comm),
             "first_loss": sum(heads) / len(heads)}
+
+
+def _links_wanted(cfg: GPTConfig, layouts: Sequence[Layout], global_batch: int
+                  ) -> dict[int, list[int]]:
+    """Group size → message sizes (bytes) the layouts all-reduce over groups of that size, with
+    16 KiB added so that every fit sees two sizes (α apart from β)."""
+    sizes: dict[int, set[int]] = {}
+    for d in layouts:
+        count, nbytes = tp_messages(cfg, d, global_batch=global_batch)
+        if count:
+            sizes.setdefault(d.tp, set()).add(int(nbytes))
+        if d.dp > 1:
+            sizes.setdefault(d.dp, set()).add(4 * local_params(cfg, d.tp))
+    return {p: sorted(s | {16 << 10}) for p, s in sorted(sizes.items())}
+
+
+def _bench_rank(rank: int, world_size: int, model: TinyGPT, layouts: list[Layout],
+                global_batch: int, ops: list[Op], links: dict[int, list[int]], rounds: int,
+                trials: int, cold_bytes: int) -> dict:
+    """Every op alone at its size, one sequence whole (the glue) and the all-reduces, in rounds.
+    The steps run in a launch of their own (`_steps_rank`): one launch holding both would hold
+    twice the memory."""
+    dev, cfg = device(), model.cfg
+    made: dict[tuple[int, ...], object] = {}
+    shards = {}  # one layout per tp degree: its parameters' shapes are what the benches need
+    for d in layouts:
+        if d.tp not in shards:
+            shards[d.tp] = _layout_step(rank, copy.deepcopy(model), d, global_batch,
+                                        made=made).params
+    by_count = {sum(p.numel() for p in params): stand_ins(params) for params in shards.values()}
+    del shards
+    pool = OperandPool(cold_bytes, device=dev) if cold_bytes else None
+    benches = {op: op_bench(op, cfg, pool=pool, device=dev, params=by_count.get(op.shape[0])
+                            if op.kind in PER_PARAMETER else None) for op in ops}
+    # The glue: one sequence whole against its ops, both with their operands in cache.
+    whole = model_bench(copy.deepcopy(model).to(dev), cfg.seq_len, device=dev)
+    hot = {op: op_bench(op, cfg, device=dev) for op in dense_ops(cfg, cfg.seq_len)}
+    groups = {}
+    for p in links:  # every rank in one group of p, as a layout's tp (or dp) groups place them
+        for ranks in Layout(dp=world_size // p, tp=p).groups("tp"):
+            group = _new_group(ranks, made)
+            if rank in ranks:
+                groups[p] = group
+    out = {"ops": {op: [] for op in ops}, "whole": [], "hot": {op: [] for op in hot},
+           "links": {(p, n): [] for p, ns in links.items() for n in ns}}
+    benched = [(out["ops"][op], benches[op]) for op in ops] + [(out["whole"], whole)] + \
+              [(out["hot"][op], fn) for op, fn in hot.items()]
+    for r in range(rounds):  # each round in a rotated order
+        turn = r % len(benched)
+        for record, fn in benched[turn:] + benched[:turn]:
+            dist.barrier()  # every rank runs the same op at the same time
+            record.append(time_op(fn, trials=trials, device=dev))
+        for (p, n), record in out["links"].items():
+            record.append(time_all_reduce(n, groups[p], device=dev))
+    dist.barrier()  # no rank exits while a peer may still talk to it
+    return out
+
+
+def _steps_rank(rank: int, world_size: int, model: TinyGPT, layouts: list[Layout],
+                global_batch: int, rounds: int, steps: int) -> dict:
+    """`steps` steps of every layout per round, the layouts in a rotated order each round."""
+    made: dict[tuple[int, ...], object] = {}
+    runs = [_layout_step(rank, copy.deepcopy(model), d, global_batch, made=made)
+            for d in layouts]
+    out: dict[str, list] = {"first_loss": [], "steps": [[] for _ in layouts]}
+    for run in runs:  # a warm-up; the first step's loss, the same for every layout
+        out["first_loss"].append(run.step()[0])
+        for p in run.params:
+            p.grad = None
+    for r in range(rounds):
+        turn = r % len(layouts)
+        for k in list(range(turn, len(layouts))) + list(range(turn)):
+            for _ in range(steps):
+                dist.barrier()
+                with all_reduce_cpu() as comm:
+                    w, c = time.perf_counter(), time.process_time()
+                    runs[k].step()
+                    c, w = time.process_time() - c, time.perf_counter() - w
+                out["steps"][k].append((c, w, sum(comm)))
+                for p in runs[k].params:  # a step frees them first anyway; free them now, so
+                    p.grad = None         # that five layouts do not hold five sets at once
+    dist.barrier()
+    return out
+
+
+def _median_over(out: list[dict], pick: Callable[[dict], list], i: int) -> float:
+    """Median over ranks of each rank's median over its samples (element i of each sample)."""
+    return statistics.median(statistics.median(s[i] for s in pick(r)) for r in out)
+
+
+def _over_steps(out: list[dict], k: int, i: int, across: Callable) -> float:
+    """Layout k's steps: `across` the ranks (median of core times; max of wall times, a step
+    ends when its last rank does), then the median over steps."""
+    steps = zip(*(r["steps"][k] for r in out))  # step by step, one sample per rank
+    return statistics.median(across(sample[i] for sample in step) for step in steps)
+
+
+def calibrate(cfg: GPTConfig, layouts: Sequence[Layout], *, global_batch: int,
+              rounds: int = 2, steps: int = 2, trials: int = 3, cold_bytes: int = COLD_BYTES,
+              timeout: float = 180) -> tuple[Calibration, pd.DataFrame]:
+    """Measure this machine's rates and the layouts' steps on the same ranks, interleaved
+    (module docstring). `cold_bytes`: each rank's `OperandPool`, from which the ops take their
+    operands out of cache (0: every op reuses one set, in cache). Returns the `Calibration` and
+    one row per layout (index: its label):
+
+    * ``core``: CPU seconds a rank spends per step (median over ranks, then over steps), what
+      `predict_calibrated` predicts; ``comm_core``: the part of it inside `dist.all_reduce`;
+    * ``wall``: per step the slowest rank's clock time, median over steps; ``contention``:
+      wall / core;
+    * ``first_loss``: the first step's loss averaged over the dp replicas (equal for every
+      layout of one model); ``layout``: the `Layout`.
+    """
+    layouts = list(layouts)
+    if not layouts:
+        raise ValueError("calibrate: layouts is empty; pass at least one Layout")
+    world = layouts[0].world_size
+    for d in layouts:
+        _check(d, global_batch)
+        d.check(world)
+    if min(rounds, steps, trials) < 1:
+        raise ValueError(f"calibrate: rounds, steps and trials must be >= 1, got {rounds}, "
+                         f"{steps}, {trials}")
+    ops = sorted({op for d in layouts for op in step_ops(cfg, d, global_batch=global_batch)})
+    links = _links_wanted(cfg, layouts, global_batch)
+    # Built here, once (as in run_layout); each rank gets its own copy.
+    model = TinyGPT(cfg)
+    out = spawn(_bench_rank, world, model, layouts, global_batch, ops, links, rounds, trials,
+                cold_bytes, echo=False, timeout=timeout)
+    ran = spawn(_steps_rank, world, model, layouts, global_batch, rounds, steps, echo=False,
+                timeout=timeout)
+    core = {op: _median_over(out, lambda r, op=op: r["ops"][op], 0) for op in ops}
+    # One sequence's forward + backward, whole, less its ops timed alone (in cache, both).
+    glue = max(0.0, _median_over(out, lambda r: r["whole"], 0)
+               - sum(n * _median_over(out, lambda r, op=op: r["hot"][op], 0)
+                     for op, n in dense_ops(cfg, cfg.seq_len).items()))
+    samples = [Sample("all_reduce", "ring", p, n, _median_over(out, lambda r, k=(p, n):
+                                                                r["links"][k], 0))
+               for p, n in out[0]["links"]]
+    spreads = {}
+    for op in ops:  # every rank's every round: how far one measurement of a rate may land
+        every = [s[0] for r in out for s in r["ops"][op]]
+        q = statistics.quantiles(every, n=4) if len(every) > 1 else [every[0]] * 3
+        spreads[op] = (q[2] - q[0]) / 2 / statistics.median(every)
+    calibration = Calibration(
+        rates={op: op_work(op) / core[op] for op in ops}, glue=glue, spread=spreads,
+        links={p: fit_alpha_beta([s for s in samples if s.p == p]).link for p in links},
+        source=f"measured on {world} ranks: {rounds} rounds, median of ranks, core time")
+    rows = {}
+    for k, d in enumerate(layouts):
+        heads = [ran[d.rank(dp=i)]["first_loss"][k] for i in range(d.dp)]
+        rows[d.label()] = {"core": _over_steps(ran, k, 0, statistics.median),
+                           "comm_core": _over_steps(ran, k, 2, statistics.median),
+                           "wall": _over_steps(ran, k, 1, max),
+                           "first_loss": sum(heads) / len(heads), "layout": d}
+    table = pd.DataFrame(rows).T.infer_objects()
+    table.insert(3, "contention", table.wall / table.core)
+    return calibration, table

@@ -14,12 +14,12 @@ data-parallel ranks, mixed-precision Adam (2 + 2 + 12 bytes per parameter):
 ZeRO-Offload (USENIX ATC 2021, §3, its offload strategy) keeps the fp16 parameters on the GPU
 and the fp16 gradients and the fp32 master weights, momentum and variance on the CPU, partitioned
 as in ZeRO-2 when there are several GPUs (§4.2): GPU memory falls from 16Ψ to 2Ψ.
-ZeRO-Infinity (§3, Table 1) counts 20 bytes per parameter (fp16 parameters and gradients, fp32
-parameters, momentum, variance and *gradients*: `INFINITY_ADAM`), shards them all (stage 3) and
-keeps them on the CPU or NVMe; the GPU then needs only a *working memory*: the fp16 parameters
-and gradients of the largest single operator, 4 bytes per parameter of it, 16·h² for the h × 4h
-linear layer of a transformer of hidden size h (`working_bytes`). It also offloads activation
-checkpoints to the CPU (§5).
+ZeRO-Infinity (§3 and its table of memory requirements) counts 20 bytes per parameter (fp16
+parameters and gradients, fp32 parameters, momentum, variance and *gradients*: `INFINITY_ADAM`),
+shards them all (stage 3) and keeps them on the CPU or NVMe; the GPU then needs only a *working
+memory*: the fp16 parameters and gradients of the largest single operator, 4 bytes per parameter
+of it, 16·h² for the h × 4h linear layer of a transformer of hidden size h (`working_bytes`).
+It also offloads activation checkpoints to the CPU (§5).
 
 `largest_model` inverts the table: the bytes are linear in Ψ, so the largest model that fits is
 the smallest of capacity / (bytes per parameter) over the tiers. Hardware of the papers' claims
@@ -46,7 +46,7 @@ gradients (4 × 4): 20 bytes per parameter, 240·L·h² for a transformer of 12�
 TB = 1e12
 """Decimal terabyte (disk sizes)."""
 TiB = 2 ** 40
-"""Binary terabyte (ZeRO-Infinity's Table 1 counts model states in it)."""
+"""Binary terabyte (ZeRO-Infinity's §3 table counts model states in it)."""
 
 
 @dataclass(frozen=True)
@@ -142,8 +142,8 @@ class TierBytes:
 
 
 def working_bytes(hidden: int, *, bytes_per_param: float = 4) -> float:
-    """ZeRO-Infinity's GPU working memory for model states (Table 1): fp16 parameters and
-    gradients (4 bytes) of the largest operator, the h × 4h linear layer: 16·h² bytes."""
+    """ZeRO-Infinity's GPU working memory for model states (§3 and its table): fp16 parameters
+    and gradients (4 bytes) of the largest operator, the h × 4h linear layer: 16·h² bytes."""
     if not hidden > 0:
         raise ValueError(f"working_bytes: hidden must be > 0, got {hidden!r}")
     return bytes_per_param * 4 * hidden * hidden

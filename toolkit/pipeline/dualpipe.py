@@ -6,8 +6,9 @@ replica of stage P − 1 − r of the *up* one (chunk 1; the ``"bidirectional"``
 `toolkit.pipeline.schedules`): parameters 2×. Half the micro-batches enter at rank 0, half at
 rank P − 1. For a rank, the *near* pipeline is the one whose entry is on its side of the line
 (down for r < P/2, up for the others): it is at position h = min(r, P − 1 − r) of it, and at
-position P − 1 − h of the *far* one. Each rank runs eight phases (Figure 5; N micro-batches, N/2
-per direction, n = P/2):
+position P − 1 − h of the *far* one. Each rank runs eight phases, the eight steps of DeepSeek's
+open-source implementation (github.com/deepseek-ai/DualPipe, `DualPipe.step`; Figure 5 draws the
+result for P = 8, N = 20), with N micro-batches, N/2 per direction, n = P/2:
 
 ==========  ===========================  ====================================================
 phase       ops, repeated                 what it does

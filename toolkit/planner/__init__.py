@@ -18,9 +18,13 @@ module      holds
             `cluster(name, nodes=)`, `laptop(link=, peak_flops=)` for CPU ranks
 `layout`    `Layout` (dp, tp, pp, cp, ZeRO stage, micro-batches, recompute, attention), the grid
             (`coords`, `groups`, `span`), `AXES`
-`plan`      `predict` (one layout: memory parts, time parts, MFU, HFU), `layouts` (enumerate),
-            `plan` (predict all, rank), `as_shape`, `EFFICIENCY`
+`plan`      `predict` (one layout: memory parts, time parts, MFU, HFU; fits with
+            `MEMORY_HEADROOM` free), `layouts` (enumerate), `plan` (predict all, rank),
+            `as_shape`, `EFFICIENCY`
 `comm`      the α-β terms both use: a micro-batch's tp/cp/pp traffic, a gradient exchange
+`calibrated` the step time of a dp × tp layout rebuilt from this machine's measured rates
+            (`Calibration`: a rate per kind of op at its size, the glue of a micro-batch, α-β
+            per group size), `predict_calibrated`, `step_ops`, `kendall_tau`
 `moe_shapes` `MoEShape` (experts, top-k, GQA; parameters, active parameters, FLOPs), presets
             `MOE_MODELS` (Mixtral 8x7B)
 `experts`   the expert-parallel axis: `predict_moe` (experts sharded over ep, all-to-all time),
@@ -33,11 +37,17 @@ module      holds
 
 from .cluster import CLUSTERS, Cluster, cluster, laptop
 from .layout import AXES, EXPERT_AXES, Layout
-from .plan import EFFICIENCY, Prediction, as_shape, divisors, layouts, plan, predict, stage_params
+from .plan import (
+    EFFICIENCY, MEMORY_HEADROOM, Prediction, as_shape, divisors, layouts, plan, predict,
+    stage_params,
+)
+from .calibrated import CalibratedPrediction, Calibration, kendall_tau, predict_calibrated, step_ops
 from .moe_shapes import MOE_MODELS, MoEShape, moe_shape
 from .experts import layouts_moe, plan_moe, predict_moe
 
-__all__ = ["AXES", "CLUSTERS", "EFFICIENCY", "EXPERT_AXES", "MOE_MODELS", "Cluster", "Layout",
-           "MoEShape", "Prediction", "as_shape", "cluster", "divisors", "laptop", "layouts",
-           "layouts_moe", "moe_shape", "plan", "plan_moe", "predict", "predict_moe",
-           "stage_params"]
+__all__ = ["AXES", "CLUSTERS", "EFFICIENCY", "EXPERT_AXES", "MEMORY_HEADROOM", "MOE_MODELS",
+           "CalibratedPrediction",
+           "Calibration", "Cluster", "Layout", "MoEShape", "Prediction", "as_shape", "cluster",
+           "divisors", "kendall_tau", "laptop", "layouts", "layouts_moe", "moe_shape", "plan",
+           "plan_moe", "predict", "predict_calibrated", "predict_moe", "stage_params",
+           "step_ops"]

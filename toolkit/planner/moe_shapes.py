@@ -19,10 +19,10 @@ h = 4096 biases are 0.01 % of a layer):
 Active parameters (those one token's forward touches) count k experts instead of E. Training
 FLOPs per token, as `toolkit.flops` counts them: 6·N_active (Kaplan et al., 2020, §2.1: 2N
 forward, 4N backward) + 12·L·h·s (PaLM, Chowdhery et al., 2022, appendix B: attention's two
-s-long products, q·kᵀ and the weighted sum of v; Kaplan's Table 1 counts only the first, 6·L·h·s
-for a step), N_active counting the matrices a token multiplies (the embedding lookup excluded,
-the head included). A padded buffer computes cf·k expert rows per token instead of k (hardware
-FLOPs, not model FLOPs).
+s-long products, q·kᵀ and the weighted sum of v; Kaplan's Table 1 has a single context-dependent
+term, the size of one of them: 6·L·h·s for a step), N_active counting the matrices a token
+multiplies (the embedding lookup excluded, the head included). A padded buffer computes cf·k
+expert rows per token instead of k (hardware FLOPs, not model FLOPs).
 
 Published shape: Mixtral 8x7B (Jiang et al., 2024, "Mixtral of Experts", arXiv:2401.04088,
 Table 1: dim 4096, 32 layers, head_dim 128, hidden_dim 14336, 32 heads, 8 kv heads, context

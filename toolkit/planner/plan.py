@@ -15,7 +15,11 @@ Memory of the busiest GPU (the first pipeline stage, which also holds the embedd
 
 with Ψ_stage = Ψ at pp = 1, else (L/pp)·(12h² + 13h) + V·h + s·h. `act` charges a rank s/cp
 queries against all s keys (scores linear in cp; none with flash-style attention). Allocator
-fragmentation and temporary buffers are left out (ZeRO §6.3: keep ~30 % headroom).
+fragmentation, communication buffers and workspaces are not counted; instead a layout **fits**
+when states + activations + buffers ≤ (1 − headroom) · the GPU's memory, `headroom` =
+`MEMORY_HEADROOM` (10 %, the margin the MoE planner `experts.predict_moe` keeps too; an
+assumption: ZeRO, Rajbhandari et al. 2020, §3.2, saw fragmentation alone leave over 30 % of
+memory unusable in extreme cases).
 
 Step time, α-β links of the cluster (`toolkit.cost.predict`, ring algorithms):
 
@@ -59,8 +63,15 @@ from .cluster import Cluster
 from .comm import exchange_time, micro_batch_comm
 from .layout import Layout
 
-__all__ = ["EFFICIENCY", "Prediction", "as_shape", "divisors", "layouts", "plan", "predict",
-           "stage_params"]
+__all__ = ["EFFICIENCY", "MEMORY_HEADROOM", "Prediction", "as_shape", "divisors", "layouts", "plan",
+           "predict", "stage_params"]
+
+MEMORY_HEADROOM = 0.10
+"""Share of every GPU's memory a layout that fits leaves free, for what the model does not count
+(allocator fragmentation, communication buffers, workspaces). An assumption of this course, not
+a measurement: ZeRO (Rajbhandari et al., 2020, §3.2) saw fragmentation alone leave over 30 % of
+memory unusable in extreme cases; 10 % is a margin, not a guarantee. The MoE planner
+(`experts.MEMORY_HEADROOM`) keeps the same."""
 
 EFFICIENCY = 0.5
 """Assumed fraction of peak FLOP/s the matmuls reach (an assumption, not a measurement:
@@ -113,7 +124,7 @@ class Prediction:
     buffers: float
     """ZeRO-3's gathered parameters of two layers (0 otherwise)."""
     fits: bool
-    """states + activations + buffers <= the GPU's memory."""
+    """states + activations + buffers <= (1 − headroom) · the GPU's memory."""
     compute: float
     """Seconds of arithmetic per GPU, no bubble (hardware FLOPs / (peak · efficiency))."""
     tp_comm: float
@@ -152,12 +163,15 @@ class Prediction:
 
 def predict(model: ModelShape | GPTConfig | str, cluster: Cluster, layout: Layout, *,
             global_batch: int, seq_len: int | None = None, recipe: Recipe = MIXED_ADAM,
-            efficiency: float = EFFICIENCY, elem_bytes: int = 2) -> Prediction:
+            efficiency: float = EFFICIENCY, elem_bytes: int = 2,
+            headroom: float | None = None) -> Prediction:
     """Memory per GPU and step time of `layout` on `cluster` (module docstring for the model).
 
     `global_batch` is B, sequences per step; `seq_len` s defaults to the model's. B must split
     into dp × m micro-batches of whole sequences, cp must divide s, tp the heads, pp the layers.
     `elem_bytes`: bytes of one activation element on the wire (2 for bf16, 4 for fp32 on CPU).
+    `headroom`: share of the GPU's memory a fitting layout leaves free (None:
+    `MEMORY_HEADROOM`).
     """
     shape = as_shape(model)
     s = shape.seq_len if seq_len is None else seq_len
@@ -169,6 +183,7 @@ def predict(model: ModelShape | GPTConfig | str, cluster: Cluster, layout: Layou
     check_ints("predict", global_batch=global_batch, seq_len=s)
     if not 0 < efficiency <= 1:
         raise ValueError(f"predict: efficiency must be in (0, 1], got {efficiency!r}")
+    headroom = _headroom(headroom)
     for what, n, k in (("heads", shape.heads, d.tp), ("layers", shape.layers, d.pp),
                        ("seq_len", s, d.cp),
                        ("global_batch", global_batch, d.dp * d.micro_batches)):
@@ -209,13 +224,23 @@ def predict(model: ModelShape | GPTConfig | str, cluster: Cluster, layout: Layou
     dp_comm = _dp_time(params, recipe, d, cluster)
     step = pipeline + dp_comm
     return Prediction(
-        states=states, activations=acts, buffers=buffers, fits=total <= cluster.memory_bytes,
+        states=states, activations=acts, buffers=buffers,
+        fits=total <= (1 - headroom) * cluster.memory_bytes,
         compute=compute, tp_comm=m * tp_mb, cp_comm=m * cp_mb, pp_comm=m * pp_mb,
         bubble=(d.pp - 1) * slot, bubble_fraction=bubble_fraction("1f1b", p=d.pp, m=m),
         dp_comm=dp_comm, step=step, model_flops=flops["model"],
         mfu=flops["model"] / (step * world * cluster.peak_flops),
         hfu=flops["hardware"] / (step * world * cluster.peak_flops),
         tokens_per_s=global_batch * s / step)
+
+
+def _headroom(headroom: float | None) -> float:
+    """`headroom`, checked, or `MEMORY_HEADROOM` when None."""
+    if headroom is None:
+        return MEMORY_HEADROOM
+    if not 0 <= headroom < 1:
+        raise ValueError(f"predict: headroom must be in [0, 1), got {headroom!r}")
+    return headroom
 
 
 def _dp_time(params: float, recipe: Recipe, d: Layout, cluster: Cluster) -> float:
@@ -254,9 +279,11 @@ def layouts(shape: ModelShape, cluster: Cluster, *, global_batch: int, seq_len: 
 
 def plan(model: ModelShape | GPTConfig | str, cluster: Cluster, *, global_batch: int,
          seq_len: int | None = None, recipe: Recipe = MIXED_ADAM,
-         efficiency: float = EFFICIENCY, elem_bytes: int = 2, **choices) -> pd.DataFrame:
+         efficiency: float = EFFICIENCY, elem_bytes: int = 2, headroom: float | None = None,
+         **choices) -> pd.DataFrame:
     """Predict every layout of `layouts` (keyword `choices` narrow it: zero_stages,
-    micro_batches, recompute, cp, attention) and rank them: layouts that fit first, fastest
+    micro_batches, recompute, cp, attention) and rank them: layouts that fit (`headroom` of
+    every GPU left free, as in `predict`) first, fastest
     first, equal times broken toward the simpler layout (lower ZeRO stage, fewer micro-batches,
     less recomputation, materialised attention).
 
@@ -268,7 +295,7 @@ def plan(model: ModelShape | GPTConfig | str, cluster: Cluster, *, global_batch:
     rows = []
     for d in layouts(shape, cluster, global_batch=global_batch, seq_len=s, **choices):
         p = predict(shape, cluster, d, global_batch=global_batch, seq_len=s, recipe=recipe,
-                    efficiency=efficiency, elem_bytes=elem_bytes)
+                    efficiency=efficiency, elem_bytes=elem_bytes, headroom=headroom)
         rows.append(plan_row(d, p, global_batch))
     if not rows:
         raise ValueError(f"plan: no layout of {shape.name} fits the constraints on "

@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..cost import AlphaBeta, human_bytes
+from ..formats import byte_unit
 from ..data_parallel.fsdp_schedule import KINDS, StepSchedule, simulate_step
 from .base import SliderExplorer
 
@@ -67,10 +68,12 @@ def fsdp_view(*, psi: float, units: int, world_size: int, prefetch: bool,
             hovertemplate=f"{kind} of unit %{{text}}<br>%{{base:.3f}} ms, %{{x:.3f}} ms long"
                           "<extra></extra>"), row=1, col=1)
     curve = s.gathered_bytes()
-    fig.add_trace(go.Scatter(x=[t * ms for t, _ in curve], y=[b for _, b in curve],
+    # One IEC unit for the axis and the labels beside it (toolkit.formats), not raw bytes.
+    unit, per = byte_unit(max([s.shard_bytes] + [b for _, b in curve]))
+    fig.add_trace(go.Scatter(x=[t * ms for t, _ in curve], y=[b / per for _, b in curve],
                              mode="lines", line_shape="hv", name="gathered bytes alive",
                              line_color="#444"), row=2, col=1)
-    fig.add_trace(go.Scatter(x=[0, s.step_time * ms], y=[s.shard_bytes] * 2, mode="lines",
+    fig.add_trace(go.Scatter(x=[0, s.step_time * ms], y=[s.shard_bytes / per] * 2, mode="lines",
                              name="shards kept (Ψ·bytes/p)", line=dict(dash="dash",
                                                                        color="#9467bd")),
                   row=2, col=1)
@@ -78,7 +81,7 @@ def fsdp_view(*, psi: float, units: int, world_size: int, prefetch: bool,
                       title=(f"One FSDP step: {units} units, p = {world_size}, "
                              f"prefetch {'on' if prefetch else 'off'}"))
     fig.update_yaxes(autorange="reversed", row=1, col=1)
-    fig.update_yaxes(title_text="bytes", row=2, col=1)
+    fig.update_yaxes(title_text=unit, row=2, col=1)
     fig.update_xaxes(title_text="time in the step (ms)", row=2, col=1)
     hidden = 1 - s.exposed_comm_time / s.comm_time if s.comm_time else 1.0
     verdict = (f"<b>step {s.step_time * ms:.3g} ms</b>: communication {s.comm_time * ms:.3g} ms, "

@@ -17,7 +17,8 @@ import math
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from ..memory import GB, MODELS, RECIPES, GiB, budget, model_shape, model_state_bytes
+from ..formats import human_bytes
+from ..memory import MODELS, RECIPES, GiB, budget, model_shape, model_state_bytes
 from ..memory.budget import Budget
 from ..viz.memory import memory_bars
 from .base import SliderExplorer
@@ -62,9 +63,10 @@ def memory_view(*, model: str, num_params: float = 1e9, n_d: int = 1, stage: int
     fig = memory_bars(budgets, gpu_bytes=gpu_bytes, highlight=_STAGE_NAMES[stage],
                       title=f"{what}, N_d = {n_d}, {recipe}")
     chosen = budgets[_STAGE_NAMES[stage]]
-    verdict = (f"<b>Stage {stage}</b>: {chosen.total / GB:.3g} GB per device "
-               f"(model states {chosen.model_states / GB:.3g} GB, activations "
-               f"{chosen.activations / GB:.3g} GB) on {gpu_gib:g} GiB: ")
+    # IEC units throughout (toolkit.formats), the unit the device's memory is given in.
+    verdict = (f"<b>Stage {stage}</b>: {human_bytes(chosen.total)} per device "
+               f"(model states {human_bytes(chosen.model_states)}, activations "
+               f"{human_bytes(chosen.activations)}) on {human_bytes(gpu_bytes)}: ")
     verdict += ("<b style='color:#2ca02c'>fits</b>" if chosen.fits else
                 "<b style='color:#d62728'>does not fit</b>")
     fitting = [s for s, b in enumerate(budgets.values()) if b.fits]

@@ -14,6 +14,7 @@ cases, TOY, MLP = visible.cases, visible.TOY, visible.MLP
 
 
 def judge_order_and_overlap(r: CaseResult) -> Verdict:
+    """Traffic only (not the values): buckets in order, overlapping with backward."""
     order = visible.judge_order(r)
     return visible.judge_overlap(r) if order.passed else order
 
@@ -35,7 +36,8 @@ CHECKS = [
           visible.judge_no_sync),
     Check("DDP: a parameter without gradient, with one bucket and with one bucket per parameter",
           10, "train", cases({"world_size": 2, **TOY, "cap": 10**9},
-                             {"world_size": 2, **TOY, "cap": 1}, seed=140), visible.judge_order,
+                             {"world_size": 2, **TOY, "cap": 1}, seed=140),
+          visible.judge_values_then_order,
           about="Values, then every bucket sent once per step, in order, with the trainable "
                 "bytes."),
 ]
