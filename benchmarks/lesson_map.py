@@ -34,7 +34,7 @@ BEGIN, END = "<!-- measured -->", "<!-- /measured -->"
 COLUMN = "run time / peak memory"
 BUSY = "†"
 NOTEBOOK = re.compile(r"\[`?([^`\]]+\.ipynb)`?\]")
-"""A row's notebook: its link text, [`NN_x.ipynb`]."""
+"""A row's notebook: its link text, [NN_x.ipynb] (backticks around it are accepted too)."""
 
 
 def busy(entry: dict) -> bool:

@@ -16,7 +16,9 @@ import pytest
 
 from toolkit.comm.events import Event
 from toolkit.cost import AlphaBeta
-from toolkit.viz.ddp import dp_step_time, overlap_timeline, scaling_figure, scaling_table, stale_sgd
+from toolkit.viz.data_parallel import training_curves
+from toolkit.viz.ddp import (EFFICIENCY_TICKS, dp_step_time, overlap_timeline, scaling_figure,
+                             scaling_table, stale_sgd)
 from toolkit.widgets import SliderExplorer
 
 LINK = AlphaBeta(alpha=100e-6, beta=1e-9)
@@ -69,6 +71,10 @@ def test_scaling_table_efficiency_falls_and_stops_at_the_batch():
     fig = scaling_figure(rows)
     assert [len(t.x) for t in fig.data] == [5, 5, 5]
     assert list(fig.data[2].y) == pytest.approx(eff)
+    # The efficiency axis is ticked at round values, not lined up with the time axis's ticks.
+    assert fig.layout.yaxis2.tickmode == "array"
+    assert list(fig.layout.yaxis2.tickvals) == list(EFFICIENCY_TICKS) == [0, 0.2, 0.4, 0.6, 0.8, 1]
+    assert list(fig.layout.yaxis2.ticktext) == ["0", "0.2", "0.4", "0.6", "0.8", "1"]
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 4])
@@ -95,6 +101,19 @@ def test_stale_sgd_k0_is_gradient_descent_and_diverges_to_inf():
         stale_sgd(0, lr=0.1, steps=3, curvatures=(1.0,), start=(1.0, 2.0))
 
 
+def _rows(fig: go.Figure) -> dict[str, float]:
+    return dict(zip(fig.layout.yaxis.ticktext, fig.layout.yaxis.tickvals))
+
+
+def _bars(fig: go.Figure, name: str, rank: int) -> go.Bar:
+    """The bar trace `name` of `rank` (each rank's traces lie between its rows' ticks)."""
+    rows = _rows(fig)
+    (trace,) = [t for t in fig.data if t.name == name and all(
+        rows[f"rank {rank} backward"] <= y < rows.get(f"rank {rank + 1} backward", 1e9)
+        for y in t.y)]
+    return trace
+
+
 def test_overlap_timeline_draws_compute_and_buckets_per_rank():
     t0 = 1000.0
     compute = {r: [("layer 1", t0, t0 + 0.010), ("layer 0", t0 + 0.010, t0 + 0.020)]
@@ -104,18 +123,79 @@ def test_overlap_timeline_draws_compute_and_buckets_per_rank():
              Event(rank=0, seq=2, op="broadcast", peer=0, nbytes=4, dtype="float32", shape=(1,),
                    start=t0, end=t0 + 1)]                      # not an all-reduce: left out
     fig = overlap_timeline(trace, compute)
-    bars = {(t.name, t.y[0]): t for t in fig.data}
-    comm0 = bars["all-reduce (one per bucket)", "rank 0 all-reduce"]
+    comm0 = _bars(fig, "all-reduce (one per bucket)", 0)
     assert list(comm0.base) == pytest.approx([11.0, 20.0])
     assert list(comm0.x) == pytest.approx([4.0, 4.0])
     assert list(comm0.text) == ["b0", "b1"]
-    rank1 = bars["all-reduce (one per bucket)", "rank 1 all-reduce"]
+    assert list(comm0.customdata[1]) == [1, "8,192", "8 KiB"]   # bytes, in IEC units too
+    rank1 = _bars(fig, "all-reduce (one per bucket)", 1)
     assert list(rank1.x) == pytest.approx([3.0, 0.0])
-    assert list(bars["backward compute", "rank 1 backward"].base) == pytest.approx([0.0, 10.0])
-    assert list(fig.layout.yaxis.categoryarray) == ["rank 1 all-reduce", "rank 1 backward",
-                                                   "rank 0 all-reduce", "rank 0 backward"]
+    assert list(_bars(fig, "backward compute", 1).base) == pytest.approx([0.0, 10.0])
+    rows = _rows(fig)                  # top to bottom: rank 0's two rows, then rank 1's
+    assert list(rows) == ["rank 0 backward", "rank 0 all-reduce", "rank 1 backward",
+                          "rank 1 all-reduce"]
+    assert list(rows.values()) == sorted(rows.values()) and fig.layout.yaxis.autorange == "reversed"
+    assert set(comm0.y) == {rows["rank 0 all-reduce"]}   # one after the other: one lane
+    assert list(rank1.text) == ["b0", ""]       # a bar of no width has no room for a label
+    assert [a.text for a in fig.layout.annotations] == [
+        "b0, b1, …: each bucket's all-reduce; 1 bar(s) too narrow for a label: hover for their "
+        "bucket"]
     with pytest.raises(ValueError, match="nothing to draw"):
         overlap_timeline([], {})
+
+
+def test_overlap_timeline_gives_all_reduces_in_flight_together_lanes_of_their_own():
+    # Asynchronous all-reduces launched during backward are waited for at its end: their bars
+    # overlap in time, so each takes a lane and none covers another's bar or label.
+    t0 = 7.0
+    compute = {0: [("layer 2", t0, t0 + 0.010), ("layer 1", t0 + 0.010, t0 + 0.040),
+                   ("layer 0", t0 + 0.040, t0 + 0.080)]}
+    trace = [_event(0, 0, t0 + 0.010, t0 + 0.090), _event(0, 1, t0 + 0.040, t0 + 0.091),
+             _event(0, 2, t0 + 0.080, t0 + 0.092)]
+    fig = overlap_timeline(trace, compute)
+    comm = _bars(fig, "all-reduce (one per bucket)", 0)
+    lanes = [y - _rows(fig)["rank 0 backward"] for y in comm.y]
+    assert lanes == [1.0, 2.0, 3.0]                   # three in flight at t0 + 80 ms
+    assert _rows(fig)["rank 0 all-reduce"] == pytest.approx(_rows(fig)["rank 0 backward"] + 2)
+    assert list(comm.text) == ["b0", "b1", "b2"]      # wide, and no longer on top of each other
+    assert comm.width == 0.8
+
+
+@pytest.mark.parametrize("buckets, unlabelled", [(5, 0), (20, 10), (40, 39)])
+def test_overlap_timeline_labels_only_bars_wide_enough_and_says_so(buckets, unlabelled):
+    # One long bucket and many short ones, as a small cap makes: the short ones get no label
+    # (it would overflow into its neighbours or be dropped by plotly unannounced), keep their
+    # bucket number on hover, and the figure says how many are unlabelled.
+    t0 = 50.0
+    compute = {0: [("layer 0", t0, t0 + 0.100)]}
+    trace = [_event(0, 0, t0, t0 + 0.030)] + [
+        _event(0, i, t0 + 0.030 + 0.070 * (i - 1) / buckets, t0 + 0.030 + 0.070 * i / buckets)
+        for i in range(1, buckets)]
+    fig = overlap_timeline(trace, compute)
+    comm0 = _bars(fig, "all-reduce (one per bucket)", 0)
+    labels = list(comm0.text)
+    assert labels[0] == "b0"
+    narrow = 0.070 / buckets / 0.100        # each short bar's share of the time axis
+    for i, (label, width) in enumerate(zip(labels[1:], comm0.x[1:]), start=1):
+        wide_enough = narrow >= 0.012 * len(f"b{i}") + 0.01
+        assert label == (f"b{i}" if wide_enough else ""), (i, label, width)
+    assert [c[0] for c in comm0.customdata] == list(range(buckets))   # hover: every bucket
+    assert labels.count("") == unlabelled     # at 20: b1-b9 fit, the three-character b10-b19 not
+    notes = [a.text for a in fig.layout.annotations]
+    assert notes == ([] if not unlabelled else
+                     [f"b0, b1, …: each bucket's all-reduce; {unlabelled} bar(s) too narrow "
+                      "for a label: hover for their bucket"])
+    assert fig.layout.uniformtext.mode == "hide"   # never shrunk below the label font
+
+
+def test_training_curves_draw_every_finite_value_and_name_a_blown_up_curve():
+    curves = {"k = 0": [1.0, 0.5, 0.25], "k = 4": [1.0, 3e8, 9.08e8, math.inf, math.inf]}
+    fig = training_curves(curves, x_title="update")
+    drawn = {t.name: list(t.y) for t in fig.data}
+    assert drawn == {"k = 0": [1.0, 0.5, 0.25], "k = 4": [1.0, 3e8, 9.08e8]}   # nothing capped
+    assert [a.text for a in fig.layout.annotations] == [
+        "k = 4: inf at update 3, not drawn from there"]
+    assert not training_curves({"a": [1.0, 2.0]}).layout.annotations
 
 
 def test_slider_explorer_redraws_on_every_change():

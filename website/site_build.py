@@ -46,7 +46,7 @@ from autograder.edition import release_course, student_repository  # noqa: E402
 
 TITLE = "Distributed deep-learning training, hands on"
 CELL_TIMEOUT_S = 300      # one cell; a lesson runs in well under a minute, a busy machine slower
-MAP_LINK = re.compile(r"\]\(\s*<?([0-9][^)\s>]*\.ipynb)>?\s*\)")
+MAP_LINK = re.compile(r"\]\(\s*<?(?:\./)?([0-9][^)\s>]*\.ipynb)>?\s*\)")
 
 
 @dataclass(frozen=True)

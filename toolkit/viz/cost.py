@@ -61,8 +61,8 @@ def _table(table: Any, name: str, collective: str | None, need: Iterable[str]):
 
 
 def _size_axis(lo: float, hi: float) -> dict:
-    """A log x axis of bytes, ticked at powers of 4 (or of 32 over wide ranges) from 1 KB,
-    labelled '4 KB', '1 MB', ... instead of plotly's decimal '4.1k'."""
+    """A log x axis of bytes, ticked at powers of 4 (or of 32 over wide ranges) from 1 KiB,
+    labelled '4 KiB', '1 MiB', ... instead of plotly's decimal '4.1k'."""
     for base in (4, 32, 1024):
         ticks = [1024 * base ** k for k in range(-5, 12) if lo <= 1024 * base ** k <= hi]
         if len(ticks) <= 11:

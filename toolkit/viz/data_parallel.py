@@ -8,6 +8,7 @@ several ways of training side by side. Pure functions: data in, plotly figure ou
 
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
@@ -127,14 +128,21 @@ def training_curves(curves: Mapping[str, Sequence[float]], *, title: str = "trai
     """One line per entry of ``curves`` (name → values per step); names in ``dashed`` dashed.
 
     Lines that coincide (accumulation and the big batch) stay visible because dashed lines are
-    drawn on top of solid ones.
+    drawn on top of solid ones. Every finite value is drawn as it is (nothing is capped); a
+    curve that reaches inf or NaN (a diverged run) ends there, and a note on the figure names
+    the curve and the step, so a reader never mistakes the end of a line for convergence.
     """
     if not curves:
         raise ValueError("training_curves: curves is empty")
     fig = go.Figure()
     order = [k for k in curves if k not in dashed] + [k for k in curves if k in dashed]
+    notes = []
     for name in order:
-        values = list(curves[name])
+        values = [float(v) for v in curves[name]]
+        blown = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+        if blown is not None:
+            notes.append(f"{name}: {values[blown]:g} at {x_title} {blown}, not drawn from there")
+            values = values[:blown]
         fig.add_trace(go.Scatter(
             x=list(range(len(values))), y=values, mode="lines", name=name,
             line=dict(dash="dash" if name in dashed else "solid",
@@ -142,6 +150,10 @@ def training_curves(curves: Mapping[str, Sequence[float]], *, title: str = "trai
                       color=qualitative.Plotly[list(curves).index(name) % 10])))
     fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, height=360,
                       legend=dict(orientation="h", y=-0.2))
-    if log_y:
-        fig.update_yaxes(type="log")
+    if notes:
+        fig.add_annotation(text="<br>".join(notes), showarrow=False, xref="paper", yref="paper",
+                           x=0.01, y=0.99, xanchor="left", yanchor="top", align="left",
+                           font_size=11, bgcolor="rgba(255,255,255,0.8)")
+    if log_y:   # powers of ten: "1B" on a loss axis would read as a size
+        fig.update_yaxes(type="log", exponentformat="power")
     return fig

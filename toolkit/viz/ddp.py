@@ -27,36 +27,66 @@ import plotly.graph_objects as go
 from ..arguments import check_int, check_ints, check_positive, check_positives
 from ..comm.events import Event
 from ..cost import AlphaBeta, predict
+from ..formats import human_bytes
+from .timeline import greedy_lanes
 
-__all__ = ["dp_step_time", "overlap_timeline", "scaling_figure", "scaling_table", "stale_sgd"]
+__all__ = ["EFFICIENCY_TICKS", "dp_step_time", "overlap_timeline", "scaling_figure",
+           "scaling_table", "stale_sgd"]
 
+EFFICIENCY_TICKS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+"""Where `scaling_figure` ticks its efficiency axis."""
 _COMPUTE = ("#c7c7c7", "#a5a5a5")  # alternating greys: neighbouring layers stay distinct
 _ALL_REDUCE = "#9467bd"             # the recorder timeline's all_reduce colour (viz.timeline)
+# A bar's label is drawn inside it only if the bar spans at least this fraction of the time axis
+# per character, plus a margin: with plotly's default plot width (~600-900 px) a character of the
+# 11 px label font takes ~7 px, about 1 % of the axis.
+_LABEL_PER_CHAR, _LABEL_MARGIN = 0.012, 0.01
+_LABEL_FONT = 11   # px; plotly hides (never shrinks) a label that does not fit at this size
+_BAR, _RANK_GAP, _ROW_PX = 0.8, 0.5, 34   # bar thickness and gap between ranks (rows); px per row
+
+
+def _labelled(labels: Sequence[str], widths: Sequence[float], span: float) -> list[str]:
+    """`labels` where the bar is wide enough to hold its label (widths and span in one unit),
+    "" elsewhere: the hover text keeps every label."""
+    return [text if width >= span * (_LABEL_PER_CHAR * len(text) + _LABEL_MARGIN) else ""
+            for text, width in zip(labels, widths)]
 
 
 def overlap_timeline(trace: Iterable[Event], compute: Mapping[int, Sequence[tuple]], *,
                      title: str = "backward and all-reduce per bucket") -> go.Figure:
-    """Per rank, backward compute (top row) and bucket all-reduces (bottom row), in ms.
+    """Per rank, backward compute (one row) above the bucket all-reduces (one row per lane), ms.
 
     ``compute[rank]`` is a list of ``(label, start, end)`` in seconds since the epoch (the
     recorder's clock, ``time.time()``): e.g. one span per layer, from the previous gradient
-    ready to this layer's. Every ``all_reduce`` of ``trace`` becomes a bar labelled "bucket i"
-    (its order on that rank) with its bytes on hover. Time zero is the earliest compute start.
+    ready to this layer's. Every ``all_reduce`` of ``trace`` becomes a bar for bucket i (its
+    order on that rank) from its start to the return of its ``wait()`` (an asynchronous
+    all-reduce is in flight until backward waits for it at its end), with its bytes on hover.
+    All-reduces of one rank that are in flight together get lanes of their own
+    (`timeline.greedy_lanes`), so no bar hides another. A bar is labelled "b<i>" only where it is
+    wide enough for the label (`_labelled`); narrower ones carry it on hover, and a note on the
+    figure says how many, so no label is squeezed, overlaps another or vanishes unannounced, at
+    any bucket count. Time zero is the earliest compute start.
     """
     events = [e for e in trace if e.op == "all_reduce"]
     ranks = sorted(set(compute) | {e.rank for e in events})
     if not ranks:
         raise ValueError("overlap_timeline: nothing to draw (no compute spans, no all-reduces)")
     starts = [s for spans in compute.values() for _, s, _ in spans] + [e.start for e in events]
+    stops = ([e for spans in compute.values() for _, _, e in spans]
+             + [e.end if e.end is not None else e.start for e in events])
     t0 = min(starts)
     ms = 1e3
+    span_ms = max(max(stops + starts) - t0, 1e-9) * ms
+    hidden = 0                           # bucket bars too narrow for their label
+    ticks: list[tuple[float, str]] = []  # (y, row name), y growing downwards
+    y = 0.0
     fig = go.Figure()
     for rank in ranks:   # two bar traces per rank (not one per bar: plotly validates each trace)
         spans = list(compute.get(rank, ()))
-        row = f"rank {rank} backward"
+        ticks.append((y, f"rank {rank} backward"))
         fig.add_trace(go.Bar(
             orientation="h", base=[(s - t0) * ms for _, s, _ in spans],
-            x=[max(e - s, 0.0) * ms for _, s, e in spans], y=[row] * len(spans),
+            x=[max(e - s, 0.0) * ms for _, s, e in spans], y=[y] * len(spans), width=_BAR,
             marker=dict(color=[_COMPUTE[j % 2] for j in range(len(spans))],
                         line=dict(color="white", width=1)),
             name="backward compute", legendgroup="compute", showlegend=rank == ranks[0],
@@ -64,23 +94,38 @@ def overlap_timeline(trace: Iterable[Event], compute: Mapping[int, Sequence[tupl
             hovertemplate=f"rank {rank}: %{{customdata}}<br>%{{x:.3f}} ms<extra></extra>"))
         mine = sorted((e for e in events if e.rank == rank), key=lambda e: e.start)
         ends = [e.end if e.end is not None else e.start for e in mine]
+        lanes = greedy_lanes([(e.start, end) for e, end in zip(mine, ends)])
+        first = y + 1
+        y = first + max(lanes, default=0)
+        ticks.append(((first + y) / 2, f"rank {rank} all-reduce"))
+        widths = [(end - e.start) * ms for e, end in zip(mine, ends)]
+        labels = _labelled([f"b{i}" for i in range(len(mine))], widths, span_ms)
+        hidden += labels.count("")
         fig.add_trace(go.Bar(
-            orientation="h", base=[(e.start - t0) * ms for e in mine],
-            x=[(end - e.start) * ms for e, end in zip(mine, ends)],
-            y=[f"rank {rank} all-reduce"] * len(mine),
+            orientation="h", base=[(e.start - t0) * ms for e in mine], x=widths,
+            y=[first + lane for lane in lanes], width=_BAR,
             marker=dict(color=_ALL_REDUCE,
                         opacity=[0.55 + 0.45 * (i % 2) for i in range(len(mine))],
                         line=dict(color="white", width=1)),
             name="all-reduce (one per bucket)", legendgroup="comm", showlegend=rank == ranks[0],
-            text=[f"b{i}" for i in range(len(mine))], textposition="inside",
-            customdata=[[i, f"{e.nbytes:,}"] for i, e in enumerate(mine)],
-            hovertemplate=(f"rank {rank}: bucket %{{customdata[0]}}, %{{customdata[1]}} bytes<br>"
-                           "%{x:.3f} ms<extra></extra>")))
-    rows = [f"rank {r} {kind}" for r in ranks for kind in ("backward", "all-reduce")]
-    fig.update_layout(title=title, barmode="overlay", height=120 + 60 * len(rows),
+            text=labels, textposition="inside", insidetextanchor="middle", textangle=0,
+            textfont=dict(size=_LABEL_FONT, color="white"),
+            customdata=[[i, f"{e.nbytes:,}", human_bytes(e.nbytes)] for i, e in enumerate(mine)],
+            hovertemplate=(f"rank {rank}: bucket %{{customdata[0]}}, %{{customdata[1]}} bytes "
+                           "(%{customdata[2]})<br>%{x:.3f} ms<extra></extra>")))
+        y += 1 + _RANK_GAP
+    rows = y - _RANK_GAP
+    fig.update_layout(title=title, barmode="overlay", height=150 + _ROW_PX * rows,
                       xaxis_title="time since backward started (ms)",
-                      yaxis=dict(categoryorder="array", categoryarray=rows[::-1]),
+                      yaxis=dict(tickvals=[t for t, _ in ticks], ticktext=[n for _, n in ticks],
+                                 autorange="reversed", zeroline=False, showgrid=False),
+                      uniformtext=dict(minsize=_LABEL_FONT, mode="hide"),
                       legend=dict(orientation="h", y=-0.25), margin=dict(l=130, r=20, t=60, b=40))
+    if hidden:
+        fig.add_annotation(text=f"b0, b1, …: each bucket's all-reduce; {hidden} bar(s) too narrow "
+                                "for a label: hover for their bucket", showarrow=False,
+                           xref="paper", yref="paper", x=1, y=1.0, xanchor="right",
+                           yanchor="bottom", font_size=11)
     return fig
 
 
@@ -135,8 +180,11 @@ def scaling_figure(rows: Sequence[Mapping[str, float]], *,
                              yaxis="y2", mode="lines+markers", line_color="#d62728"))
     fig.update_layout(title=title, barmode="stack", height=380, xaxis_title="ranks P",
                       yaxis=dict(title="time per step (ms)"),
+                      # Ticks at round values, set explicitly: plotly would otherwise line an
+                      # overlaying axis's ticks up with the left axis's (0.226, 0.452, ...).
                       yaxis2=dict(title="efficiency T(1)/(P·T(P))", overlaying="y", side="right",
-                                  range=[0, 1.05]),
+                                  range=[0, 1.05], tickmode="array", tickvals=EFFICIENCY_TICKS,
+                                  ticktext=[f"{t:g}" for t in EFFICIENCY_TICKS], showgrid=False),
                       legend=dict(orientation="h", y=-0.25))
     return fig
 

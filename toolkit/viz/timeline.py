@@ -8,7 +8,7 @@ they start no processes and hold no state.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import plotly.graph_objects as go
 from plotly.colors import qualitative
@@ -40,6 +40,20 @@ def _empty(title: str, note: str) -> go.Figure:
     return fig
 
 
+def greedy_lanes(spans: Sequence[tuple[float, float]]) -> list[int]:
+    """The lane of each ``(start, end)`` span such that spans sharing a lane never overlap: in
+    order of start, each span takes the lowest lane free at its start (greedy interval
+    partitioning, which uses as few lanes as the most spans in progress at one moment)."""
+    lanes = [0] * len(spans)
+    lane_end: list[float] = []
+    for i in sorted(range(len(spans)), key=lambda i: spans[i][0]):
+        start, stop = spans[i]
+        lane = next((k for k, t in enumerate(lane_end) if t <= start), len(lane_end))
+        lane_end[lane:lane + 1] = [stop]
+        lanes[i] = lane
+    return lanes
+
+
 def _lanes(events: list[Event], end: dict[int, float]) -> dict[int, tuple[float, float]]:
     """(y centre, bar height) per event index: calls of one rank that overlap in time (async
     sends and receives in flight together) share the rank's row as side-by-side lanes."""
@@ -49,16 +63,14 @@ def _lanes(events: list[Event], end: dict[int, float]) -> dict[int, tuple[float,
         by_rank[e.rank].append(i)
     for rank, idx in by_rank.items():
         idx.sort(key=lambda i: events[i].start)
+        lane_of = dict(zip(idx, greedy_lanes([(events[i].start, end[i]) for i in idx])))
         groups: list[list[tuple[int, int]]] = []  # runs of overlapping calls: (index, lane)
-        lane_end: list[float] = []
+        busy_until = -float("inf")
         for i in idx:
-            start = events[i].start
-            if not groups or start >= max(lane_end):
+            if events[i].start >= busy_until:    # every lane is free: a new run starts
                 groups.append([])
-                lane_end = []
-            lane = next((k for k, t in enumerate(lane_end) if t <= start), len(lane_end))
-            lane_end[lane:lane + 1] = [end[i]]
-            groups[-1].append((i, lane))
+            busy_until = max(busy_until, end[i]) if groups[-1] else end[i]
+            groups[-1].append((i, lane_of[i]))
         for group in groups:
             h = _ROW / (1 + max(lane for _, lane in group))
             for i, lane in group:

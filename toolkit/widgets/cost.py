@@ -27,7 +27,7 @@ from .base import SliderExplorer
 P_CHOICES = tuple(2 ** k for k in range(1, 11))
 """World sizes the p slider offers: 2, 4, … 1024 (a log scale)."""
 SIZE_CHOICES = tuple(2 ** k for k in range(10, 31))
-"""Message sizes the n slider offers, bytes: 1 KB, 2 KB, … 1 GB."""
+"""Message sizes the n slider offers, bytes: 1 KiB, 2 KiB, … 1 GiB."""
 DEFAULT_LINK = AlphaBeta(alpha=100e-6, beta=1e-9)
 """Roughly gloo between processes on one laptop: ~100 µs per message, ~1 GB/s."""
 ALPHA_US = (0.1, 10_000.0)      # α slider range, µs (NVLink-class to a slow, busy network)
@@ -108,7 +108,7 @@ class CostExplorer(SliderExplorer):
 def cost_explorer(link: AlphaBeta | Fit | None = None, *, p: int = 64, nbytes: int = 1 << 20,
                   collective: str = "all_reduce",
                   algorithms: Sequence[str] | None = None) -> CostExplorer:
-    """An explorer of the α-β model: sliders for p (2 … 1024), n (1 KB … 1 GB), α and 1/β,
+    """An explorer of the α-β model: sliders for p (2 … 1024), n (1 KiB … 1 GiB), α and 1/β,
     starting from `link` (e.g. a fit to this machine; default `DEFAULT_LINK`), redrawing the
     predicted time of each algorithm and naming the fastest. p and n snap to the nearest power
     of two; α and 1/β are clamped to the sliders' ranges."""
