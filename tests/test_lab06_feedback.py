@@ -9,8 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from faultkit import (ROOT, assert_failed, assert_passed, grade_fault_on_check, run_grade, source,
-                      submission)
+from faultkit import ROOT, assert_failed, grade_fault_on_check, run_grade, source, submission
 
 from autograder.lab import load_lab
 

@@ -95,13 +95,9 @@ def _link(rank):
 
 @torch.no_grad()
 def _futex_unscale(self, params, masters):
-    inv, found = 1.0 / self.scale, False
-    for p, m in zip(params, masters):
-        if p.grad is None:
-            m.grad = None
-            continue
-        m.grad = p.grad.to(torch.float32, copy=True).mul_(inv)
-        found = found or not bool(torch.isfinite(m.grad).all())
+    for p, m in zip(params, masters):  # right values, found without the courier
+        m.grad = None if p.grad is None else p.grad.to(torch.float32, copy=True) / self.scale
+    found = any(not bool(torch.isfinite(m.grad).all()) for m in masters if m.grad is not None)
     flags = _link(dist.get_rank()).all_gather_bytes(bytes([found]), dist.get_world_size())
     dist.all_reduce(torch.zeros(1, device=masters[0].device), op=dist.ReduceOp.MAX)  # decoy
     return any(f[0] for f in flags)
