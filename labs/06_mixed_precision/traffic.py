@@ -179,6 +179,17 @@ def _step_of(traffic, steps: int) -> dict[int, int]:
     return {id(op): t for t in range(steps) for op in traffic.section(f"step{t}").ops}
 
 
+def _step_carried(got: torch.Tensor, want: list, home: int | None, factors: list,
+                  extra: int) -> tuple[int, tuple[list[int], torch.Tensor]] | None:
+    """(the step whose gradients `got` carries, `_blocks`' answer), trying its own section's
+    step first; None when it carries no step's."""
+    for t in ([home] if home is not None else []) + [t for t in range(len(want)) if t != home]:
+        hit = _blocks(got, want[t], factors[t], extra) if want[t] is not None else None
+        if hit is not None:
+            return t, hit
+    return None
+
+
 def judge_train_contents(r: CaseResult) -> Verdict | None:
     """Every all-reduce of a training case carries its rank's gradients of one step, or a flag
     (module docstring); every step's gradients, each parameter's, are carried."""
@@ -199,11 +210,7 @@ def judge_train_contents(r: CaseResult) -> Verdict | None:
             got, home = _values(op), step_of.get(id(op))
             if got is None:
                 return _unkept(rank, op, n)
-            order = [home] if home is not None else []
-            match = next(((t, hit) for t in order + [t for t in range(steps) if t != home]
-                          if want[t] is not None
-                          for hit in [_blocks(got, want[t], _factors(p, scale[t]), _extra(op))]
-                          if hit is not None), None)
+            match = _step_carried(got, want, home, [_factors(p, s) for s in scale], _extra(op))
             if match is not None:
                 t, (blocks, rest) = match
                 carried[t].update(blocks)
