@@ -95,6 +95,34 @@ FAIR = {
 }
 
 
+def test_a_bf16_backward_stays_well_inside_the_tolerance():
+    """The contents tolerance (1/32 of the step's largest gradient) against what a correct
+    rank computes: the harness's bf16 Linear, its bf16 inputs, the loss times the scale, at the
+    reference's weights rounded to bf16, for every rank and step of the lab's training shapes
+    over 20 seeds: the largest difference stays under half of it."""
+    from torch import nn
+
+    shapes = [checks["TRAIN"], {**checks["TRAIN"], "d_in": 10, "d_out": 5, "batch": 3}]
+    worst = 0.0
+    for seed in range(20):
+        case = checks["case"]("train", 2, 1000 + seed, **shapes[seed % 2])
+        r = CaseResult(case, 2, harness.make_inputs(case, 2), [None] * 2, [])
+        ref, scale = ex.trajectory(r), [case["init_scale"]] + ex.scales(case, ex.skipped(case))
+        for rank in range(2):
+            for t, want in enumerate(ex.local_gradients(r, rank)):
+                model = nn.Linear(case["d_in"], case["d_out"], dtype=BF16)
+                with torch.no_grad():
+                    for param, value in zip(model.parameters(),
+                                            ex.rounded(ref[t - 1] if t else ex.start(r))):
+                        param.copy_(value)
+                x, y = r.inputs[rank]["x"][t].to(BF16), r.inputs[rank]["y"][t].float()
+                (((model(x).float() - y) ** 2).mean() * scale[t]).backward()
+                got = torch.cat([q.grad.reshape(-1) for q in model.parameters()]).double()
+                big = float(torch.cat(want).abs().max())
+                worst = max(worst, float((got - torch.cat(want)).abs().max()) / big)
+    assert worst < tr.TOLERANCE / 2, worst
+
+
 @pytest.mark.parametrize("layout", sorted(FAIR))
 def test_every_correct_layout_and_flag_form_passes(layout):
     assert tr.judge_train_contents(_result(TRAIN, FAIR[layout])) is None

@@ -16,8 +16,8 @@ own data can make, and the courier's sum of those is all another rank learns:
   all_reduce_gradients' cases, its own gradients in bf16. Each parameter's gradient is one
   whole block, in any order, times 1 or 1/p (divided before the sum; 1/s or 1/(s·p) too,
   unscaled first), within `TOLERANCE` of the step's largest gradient (bf16 rounding, as
-  accumulated by a bf16 forward and backward: 0.6 % at most over 200 draws of the case's
-  sizes at the same weights). At most `FLAG_BYTES` more may ride along (the flag). A step's
+  accumulated by a bf16 forward and backward: a correct rank's stays under half of it,
+  tests/test_lab06_contents.py). At most `FLAG_BYTES` more may ride along (the flag). A step's
   parameters may come in several all-reduces (the byte checks name that mistake): every one
   of them must be carried at that step. A rank whose loss overflowed at a step has no finite
   gradient to compare: its all-reduces there must say so (an inf or NaN in them, or a flag);
