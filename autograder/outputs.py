@@ -25,10 +25,19 @@ Forms, as Python values:
   value of that form;
 * `Maybe(form)`: None or that form; `Either(a, b, ...)`: the first form that fits;
 * ``int``, ``float`` (an int too), ``bool``, ``str``, `SCALAR` (any of those or None).
+
+A number is finite unless its form says otherwise: ``float`` and `SCALAR` refuse NaN and ±inf
+(a result's frame carries them as ``{"__float__": "nan"}``), and `Float(nonfinite=True)` is
+the form of a number that may be one. A judge testing ``abs(got - want) > tol`` let NaN
+through, since every comparison with NaN is False (red team 8: lab 04's ``bubble_fraction``
+returning NaN passed its formula check). Refused here, no judge sees one; judges still write
+their tests so that NaN fails (``not abs(got - want) <= tol``). Tensors may hold any value:
+lab 06's gradients hold the inf a case injects.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -91,8 +100,16 @@ class Either:
         self.forms = forms
 
 
+@dataclass(frozen=True)
+class Float:
+    """A number (an int too), finite unless `nonfinite` (then NaN and ±inf too). The form
+    ``float`` is ``Float()``."""
+
+    nonfinite: bool = False
+
+
 SCALAR = "scalar"
-"""None, a bool, an int, a float or a str."""
+"""None, a bool, an int, a finite float or a str."""
 
 Form = Callable[[dict, Any, int, int], Any]
 """What a lab declares per call: (case, this rank's inputs, rank, world size) → its form."""
@@ -159,13 +176,13 @@ def conform(value: Any, form: Any, path: str = "") -> Any:
         return {k: conform(value[k], f, f"{path}[{k!r}]") for k, f in form.items()
                 if k in value}
     if form is SCALAR:
-        if value is None or isinstance(value, (bool, int, float, str)):
+        if isinstance(value, float):
+            return _number(value, Float(), path)
+        if value is None or isinstance(value, (bool, int, str)):
             return value
         raise OutputError(path, f"expected a number or text, got {_kind(value)}")
-    if form is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return value
-        raise OutputError(path, f"expected a number, got {_kind(value)}")
+    if form is float or isinstance(form, Float):
+        return _number(value, form if isinstance(form, Float) else Float(), path)
     if form in (int, bool, str):
         if isinstance(value, form) and (form is bool or not isinstance(value, bool)):
             return value
@@ -173,10 +190,19 @@ def conform(value: Any, form: Any, path: str = "") -> Any:
     raise TypeError(f"conform: {form!r} is not a form (see autograder.outputs)")
 
 
+def _number(value: Any, form: Float, path: str) -> int | float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise OutputError(path, f"expected a number, got {_kind(value)}")
+    if not form.nonfinite and isinstance(value, float) and not math.isfinite(value):
+        raise OutputError(path, f"{value!r}: a finite number expected (NaN and infinities "
+                                "are not results here)")
+    return value
+
+
 def state_form(state: dict[str, torch.Tensor], dtypes: frozenset[str] = FLOATS) -> dict:
     """A state dict's form: every entry of `state` with its shape, any of `dtypes`."""
     return {name: Tensor(tuple(t.shape), dtypes) for name, t in state.items()}
 
 
-__all__ = ["FLOATS", "SCALAR", "Either", "Form", "Mapping", "Maybe", "OutputError", "Seq",
-           "Tensor", "conform", "state_form"]
+__all__ = ["FLOATS", "SCALAR", "Either", "Float", "Form", "Mapping", "Maybe", "OutputError",
+           "Seq", "Tensor", "conform", "state_form"]

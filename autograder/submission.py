@@ -131,6 +131,9 @@ def read_sources(paths: dict[str, Path]) -> tuple[dict[str, bytes], Problem | No
                 data = f.read(MAX_SOURCE_BYTES + 1)
         finally:
             os.close(fd)
+        if data is None:  # a "regular" file that would block (procfs's kmsg): nothing to read
+            return {}, Problem("missing_file", f"{path} has nothing to read without waiting: "
+                               "submit the .py file you edited.")
         if len(data) > MAX_SOURCE_BYTES:
             return {}, Problem("missing_file", f"{path} grew past {MAX_SOURCE_BYTES >> 20} MiB "
                                "while it was read.")

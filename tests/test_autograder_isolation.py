@@ -35,7 +35,7 @@ from autograder.sandbox.limits import MAX_RANKS, UID_BASE
 from autograder.sandbox.world import links_on, plan_binds
 
 ISOLATION_FAULTS = {"self_inspect", "root_metadata", "xattr_channel", "mount_snoop",
-                    "page_cache_channel", "leftover_daemon"}
+                    "page_cache_channel", "leftover_daemon", "fanotify_channel"}
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the grader gives ranks uids "
                              "of their own only as root (as a user it makes user namespaces)")
 # Every try of `self_inspect` but listing /proc (where Landlock is missing, a rank lists its own
@@ -134,6 +134,17 @@ def test_the_page_cache_is_no_cheap_channel(lab01, tmp_path):
     result, by_name = run_fault(lab01, "page_cache_channel", ["ar", "tree"], tmp_path)
     assert_failed(by_name["ar"], "exception", r"fadvise: Operation not permitted",
                   r"preadv2 RWF_NOWAIT: Operation not permitted")
+    assert_passed(by_name["tree"])
+
+
+def test_fanotify_between_ranks_is_refused(lab01, tmp_path):
+    """Red team 8: rank 0 got an event for every open of a bound file by rank 1 (and by the
+    host) through unprivileged fanotify; mincore asks which pages of a shared file are cached.
+    The filter refuses all three; the check that never calls them keeps its points."""
+    result, by_name = run_fault(lab01, "fanotify_channel", ["ar", "tree"], tmp_path)
+    assert_failed(by_name["ar"], "exception", r"'fanotify_init': 'EPERM'",
+                  r"'fanotify_mark': 'EPERM'", r"'mincore': 'EPERM'")
+    assert "events" not in by_name["ar"].message
     assert_passed(by_name["tree"])
 
 
@@ -380,3 +391,94 @@ def test_a_world_resolves_every_path_as_the_host_does(tmp_path):
     assert binds == [str(real.resolve())]
     assert links == sorted([(str(tmp_path / "chain"), "link"), (str(tmp_path / "link"), "real")])
     assert links_on(str(real)) == []
+
+
+FUTEX_CHILD = """
+import ctypes, errno, mmap, os, platform, threading, time
+import numpy as np
+from autograder.sandbox import seccomp
+assert seccomp.install()
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+A64 = platform.machine() == "aarch64"
+FUTEX, SET_TID_ADDRESS, FANOTIFY_INIT, MINCORE = (98, 96, 262, 232) if A64 else (202, 218, 300, 27)
+PRIVATE = 128
+
+class Timespec(ctypes.Structure):
+    _fields_ = [("s", ctypes.c_long), ("ns", ctypes.c_long)]
+
+def call(number, *args):
+    r = libc.syscall(number, *args)
+    return r if r >= 0 else errno.errorcode[ctypes.get_errno()]
+
+def shared_word():  # a word of a read-only shared mapping of a file: one key for every process
+    with open({library!r}, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 4096, mmap.MAP_SHARED, mmap.PROT_READ)
+    word = np.frombuffer(mm, dtype=np.uint32, count=1)
+    return mm, word, ctypes.c_void_p(word.__array_interface__["data"][0])
+
+mm, word, addr = shared_word()
+value, mine, soon = ctypes.c_uint32(int(word[0])), ctypes.c_uint32(0), Timespec(0, 1_000_000)
+out = {{
+    "private wake": call(FUTEX, ctypes.byref(mine), 1 | PRIVATE, 1, None, None, 0),
+    "private wait, value changed": call(FUTEX, ctypes.byref(mine), 0 | PRIVATE, 1,
+                                        ctypes.byref(soon), None, 0),
+    "shared wait": call(FUTEX, addr, 0, value, ctypes.byref(soon), None, 0),
+    "shared wait_bitset": call(FUTEX, addr, 9, value, ctypes.byref(Timespec(0, 0)), None,
+                               0xFFFFFFFF),
+    "shared wake": call(FUTEX, addr, 1, 1, None, None, 0),
+    "shared wake_bitset": call(FUTEX, addr, 10, 1, None, None, 0xFFFFFFFF),
+    "shared wake_op": call(FUTEX, addr, 5, 1, 1, addr, 0),
+    "shared requeue": call(FUTEX, addr, 3, 1, 1, addr, 0),
+    "futex_waitv": call(449, None, 0, 0, None, 0),
+    "futex_wake (futex2)": call(454, addr, 0xFFFFFFFF, 1, 2),
+    "fanotify_init": call(FANOTIFY_INIT, 0, 0),
+    "mincore": call(MINCORE, addr, ctypes.c_size_t(1), ctypes.create_string_buffer(1)),
+}}
+thread = threading.Thread(target=time.sleep, args=(0.01,))
+thread.start()
+thread.join()  # a thread library's own futexes: private operations and a shared wait
+out["threads"] = "joined"
+
+# The residual (docs/grading.md): when a thread whose clear-tid address lies in that shared
+# mapping exits, the kernel itself wakes the word's shared waiters, in any process: the wake
+# is the kernel's, not a system call, so no filter sees it.
+pid = os.fork()
+if pid == 0:
+    kept = shared_word()  # the mapping must stay: a wake on an unmapped address reaches nobody
+    there = kept[2]
+    for _ in range(600):  # a thread a while until the parent is killed
+        t = threading.Thread(target=lambda: libc.syscall(SET_TID_ADDRESS, there))
+        t.start()
+        t.join()
+        time.sleep(0.05)
+    os._exit(0)
+out["woken by another process's thread exit"] = call(FUTEX, addr, 0, value,
+                                                      ctypes.byref(Timespec(30, 0)), None, 0)
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+print(out)
+"""
+
+
+def test_the_filter_refuses_shared_futex_wakes_but_not_a_thread_library(tmp_path):
+    """Red team 8 moved lab 06's gradients between ranks through futexes on a library both
+    map (one kernel key per word of a shared file mapping). In a child process with the filter:
+    private futex operations and shared waits work (pthread_join waits on a thread's tid with
+    a shared FUTEX_WAIT), a thread starts and is joined; every shared wake (WAKE, WAKE_BITSET,
+    WAKE_OP, REQUEUE) is refused, the futex2 calls answer ENOSYS, fanotify and mincore are
+    refused. What stays is the kernel's own wake when a thread exits with its clear-tid address
+    in the mapping: asserted here because docs/grading.md names it as what the filter cannot
+    stop (every lab judges what its collectives carry instead)."""
+    import torch
+
+    library = str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")
+    done = subprocess.run([sys.executable, "-c", FUTEX_CHILD.format(library=library)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert eval(done.stdout) == {
+        "private wake": 0, "private wait, value changed": "EAGAIN", "shared wait": "ETIMEDOUT",
+        "shared wait_bitset": "ETIMEDOUT", "shared wake": "EPERM", "shared wake_bitset": "EPERM",
+        "shared wake_op": "EPERM", "shared requeue": "EPERM", "futex_waitv": "ENOSYS",
+        "futex_wake (futex2)": "ENOSYS", "fanotify_init": "EPERM", "mincore": "EPERM",
+        "threads": "joined", "woken by another process's thread exit": 0}

@@ -12,8 +12,8 @@ import torch
 
 from autograder.judging import judge_case
 from autograder.lab import CaseResult, Check, Verdict, find_lab, load_lab
-from autograder.outputs import (SCALAR, Either, Mapping, Maybe, OutputError, Seq, Tensor,
-                                conform, state_form)
+from autograder.outputs import (SCALAR, Either, Float, Mapping, Maybe, OutputError, Seq,
+                                Tensor, conform, state_form)
 from autograder.protocol import RankTraffic
 
 LABS = ["01_collectives", "02_ddp", "03_sharded_optimizer", "04_pipeline_schedule",
@@ -51,6 +51,21 @@ def test_maybe_either_mapping_and_state_dicts():
         {"weight", "bias"}
     with pytest.raises(ValueError, match="give its shape, or max_numel"):
         Tensor()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_number_is_finite_unless_its_form_says_otherwise(bad):
+    """Red team 8: a NaN passed a judge testing `abs(got - want) > tol` (False for NaN). The
+    forms `float` and SCALAR refuse NaN and ±inf; `Float(nonfinite=True)` holds them."""
+    for form in (float, Float(), SCALAR, Seq(float, 2), {"s": Mapping(SCALAR)}):
+        value = [1.0, bad] if isinstance(form, Seq) else {"s": {"k": bad}} \
+            if isinstance(form, dict) else bad
+        with pytest.raises(OutputError, match="a finite number expected"):
+            conform(value, form)
+    assert repr(conform(bad, Float(nonfinite=True))) == repr(bad)
+    assert conform(0.25, float) == 0.25 and conform(3, float) == 3 and conform(2.5, SCALAR) == 2.5
+    with pytest.raises(OutputError, match="expected a number"):
+        conform(True, Float(nonfinite=True))
 
 
 def test_a_result_without_its_form_is_not_judged():

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 from faultkit import ROOT, assert_failed, assert_passed, run_grade, source, submission
 
-from autograder.lab import load_lab
+from autograder.lab import CaseResult, load_lab
 from autograder.sandbox.rank import load_module
 from toolkit import pipeline
 
@@ -61,7 +61,25 @@ def test_the_usual_zero_bubble_mistake_is_named(fault, tmp_path):
 
 
 def test_every_fault_file_has_a_case():
-    assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES)
+    assert {p.stem for p in FAULTS.glob("*.py")} == set(CASES) | {"nan_bubble"}
+
+
+def test_a_nan_bubble_fraction_fails_at_the_form_and_at_the_judge(tmp_path):
+    """Red team 8: `bubble_fraction` returning NaN passed the formula check (a judge testing
+    `abs(got - want) > 1e-9`, False for NaN). Graded, the float form refuses it before the
+    judge; the judge, handed a NaN directly, fails it as well."""
+    lab = load_lab(LAB_DIR, hidden=False)
+    check = next(c for c in lab.checks if c.call == "bubble")
+    small = dataclasses.replace(lab, checks=[dataclasses.replace(check, timeout=60.0)])
+    text = source("nan_bubble", LAB_DIR / "schedules.py", FAULTS)
+    result, _ = run_grade(small, submission("nan_bubble", tmp_path / "subs", text=text,
+                                            name="schedules.py"), tmp_path)
+    assert_failed(result.checks[0], "wrong_result", r"does not have the form",
+                  r"nan: a finite number expected")
+    assert result.score == 0
+    case = check.cases[0]
+    judged = check.judge(CaseResult(case, 1, [(case["p"], case["m"])], [float("nan")], []))
+    assert not judged.passed and "returned nan" in judged.message
 
 
 def test_the_zero_bubble_checks_ask_what_the_paper_promises():

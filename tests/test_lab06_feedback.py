@@ -9,8 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from faultkit import (ROOT, assert_failed, assert_passed, grade_fault_on_check, run_grade, source,
-                      submission)
+from faultkit import ROOT, assert_failed, grade_fault_on_check, run_grade, source, submission
 
 from autograder.lab import load_lab
 
@@ -58,7 +57,9 @@ def test_an_unsupported_call_is_the_ranks_exception(fault, tmp_path):
     assert_failed(check, "exception", *ERRORS[fault])
 
 
-ELSEWHERE = {"broadcast_shapes"}  # the grader's memory under it: tests/test_autograder_memory.py
+# broadcast_shapes: the grader's memory under it (tests/test_autograder_memory.py); futex_channel:
+# red team 8's covert channel (tests/test_lab06_contents.py)
+ELSEWHERE = {"broadcast_shapes", "futex_channel"}
 
 
 def test_every_fault_file_has_a_case():
@@ -69,8 +70,9 @@ def test_every_fault_file_has_a_case():
 def test_forged_sections_do_not_hide_a_float32_all_reduce(tmp_path):
     """Red team 3: a float32 gradient all-reduce moved out of the counted section by forged
     marks, a bf16 decoy of zeros inside. Judged over the whole case (its bounds are the
-    courier's), the visible and hidden byte checks fail; the values check passes (the mean is
-    right), so what is lost is exactly the bytes' points."""
+    courier's), the visible and hidden byte checks fail; since red team 8 every all-reduce is
+    judged by its contents too, so the values check fails on the decoy of zeros, which carries
+    no gradient, while the float32 one, outside every section, is found by its contents."""
     lab = load_lab(LAB_DIR, hidden=True)
     names = ["all_reduce_gradients: the mean", "train_step: masters follow",
              "train_step: 4 ranks, overflows on two ranks"]
@@ -82,9 +84,7 @@ def test_forged_sections_do_not_hide_a_float32_all_reduce(tmp_path):
                                             name="mixed_precision.py"), tmp_path)
     reduce, train, train_bytes = result.checks
     assert_failed(reduce, "wrong_result", r"rank 0 made 2 all-reduces")
-    assert_passed(train)
     psi = 3 * (6 + 1)  # TRAIN: d_out × (d_in + 1)
-    assert_failed(train_bytes, "wrong_result",
-                  rf"rank 0's all-reduce: {4 * psi} bytes of float32; the gradients travel "
-                  rf"as one bf16 buffer of {2 * psi} bytes of bfloat16",
-                  r"float32: cast the buffer to bfloat16")
+    assert_failed(train, "wrong_result", rf"rank 0's all-reduce 2 in step 0 \({2 * psi} bytes "
+                                         r"of bfloat16\) carried neither its gradients")
+    assert_failed(train_bytes, "wrong_result", r"carried neither its gradients")

@@ -109,7 +109,7 @@ def judge_bubble_simulated(r: CaseResult) -> Verdict:
     p, m = schedule.p, schedule.m
     got = pipeline.simulate(schedule, forward=1.0, backward=BACKWARD_OVER_FORWARD).bubble
     want = pipeline.bubble_fraction("1f1b", p=p, m=m)
-    if got > want + 1e-9:
+    if not got <= want + 1e-9:  # written so that a NaN fails too
         return Verdict(False, f"simulated with backward = 2 × forward, stages are idle "
                               f"{got:.1%} of the step; 1F1B's bubble is (p−1)/(m+p−1) = "
                               f"{want:.1%} (p = {p}, m = {m}): some stage waits longer than "
@@ -120,7 +120,9 @@ def judge_bubble_simulated(r: CaseResult) -> Verdict:
 def judge_bubble_formula(r: CaseResult) -> Verdict:
     got, p, m = r.outputs[0], r.case["p"], r.case["m"]
     want = pipeline.bubble_fraction("1f1b", p=p, m=m)
-    if not isinstance(got, float) or abs(got - want) > 1e-9:
+    # `not ... <=`: NaN compares False with everything, so `abs(got - want) > tol` passed it
+    # (red team 8); the form refuses NaN before this judge runs as well (autograder.outputs).
+    if not isinstance(got, float) or not abs(got - want) <= 1e-9:
         if isinstance(got, float) and p > 1 and abs(got - (p - 1) / m) <= 1e-9:
             return Verdict(False, f"bubble_fraction({p}, {m}) returned (p−1)/m = {got:.4g}: "
                                   "that is the idle time as a ratio to the ideal compute time "
@@ -216,7 +218,7 @@ def judge_zb_bubble(r: CaseResult) -> Verdict:
     times = {k: r.case[k] for k in ("forward", "backward", "weight")}
     got = pipeline.simulate(schedule, **times).bubble
     want = pipeline.bubble_fraction("zb-h1", p=p, m=m, **times)
-    if got > want + 1e-9:
+    if not got <= want + 1e-9:  # written so that a NaN fails too
         f, b, w = times.values()
         # A split backward whose W fill no gap: idle (p−1)(t_F + t_B) per stage.
         unfilled = (p - 1) * (f + b) / (m * (f + b + w) + (p - 1) * (f + b))

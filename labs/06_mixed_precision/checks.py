@@ -15,7 +15,10 @@ rank (Micikevicius et al., 2018, §3.1-3.2).
 Every count, byte and dtype is judged over the whole case (`r.traffic[rank]`, bounded by the
 courier, which hands out the case and takes its output), never inside the harness's sections:
 their marks are sent by the rank, and a forged pair once moved a float32 all-reduce out of the
-counted section (red team 3). Sections only say which step a message is about. Every result
+counted section (red team 3). Sections only say which step a message is about. What every
+all-reduce carried is judged too (traffic.py: the rank's own gradients, its own inf/NaN
+answer), in the values checks as well: all-reduces of zeros with the data moved through
+futexes on a shared library scored 100 (red team 8). Every result
 is checked against its declared form (`OUTPUTS`) before a judge reads it: the judges subtract
 masters and gradients from the reference, so their shapes are exact (issue 30).
 """
@@ -32,8 +35,10 @@ from autograder.outputs import SCALAR, Mapping, Maybe, Seq, Tensor
 from autograder.sandbox.rank import load_module
 
 
-# This folder's expected.py, loaded by path as the grader loads every lab file.
+# This folder's expected.py and traffic.py, loaded by path as the grader loads every lab file.
 ex = load_module(Path(__file__).with_name("expected.py"), "_autograder_lab_06_expected")
+tr = load_module(Path(__file__).with_name("traffic.py"), "_autograder_lab_06_traffic")
+FLAG_BYTES = tr.FLAG_BYTES
 
 LAB = LabInfo(
     slug="06_mixed_precision",
@@ -212,7 +217,7 @@ def judge_unscale(r: CaseResult) -> Verdict:
             return _fail(r, f"rank {rank} made {what} ({t.collective_bytes} bytes) in "
                             f"unscale_: expected one all-reduce of the inf/NaN flag, at most "
                             f"{FLAG_BYTES} bytes (one number, or two float64s)")
-    return Verdict(True)
+    return tr.judge_unscale_contents(r) or Verdict(True)
 
 
 def judge_reduce(r: CaseResult) -> Verdict:
@@ -254,7 +259,7 @@ def judge_reduce(r: CaseResult) -> Verdict:
             return _fail(r, f"rank {rank}'s all-reduce passed {nbytes} bytes of {dtype}, "
                             f"expected 2 per gradient element, {2 * numel} of bfloat16 (half of "
                             f"fp32's {4 * numel}){which}")
-    return Verdict(True)
+    return tr.judge_reduce_contents(r) or Verdict(True)
 
 
 def judge_train(r: CaseResult) -> Verdict:
@@ -302,12 +307,9 @@ def judge_train(r: CaseResult) -> Verdict:
         mine, zero = o["history"][-1]["masters"], r.outputs[0]["history"][-1]["masters"]
         if not all(torch.equal(a, b) for a, b in zip(mine, zero)):
             return _fail(r, f"rank {rank}'s masters differ from rank 0's: the replicas split")
-    return Verdict(True)
-
-
-FLAG_BYTES = 16
-"""The inf/NaN flag's bytes, in an all-reduce of its own or riding in the gradients' bf16 buffer:
-one number of any dtype, or two float64s (inf and NaN apart)."""
+    # What every all-reduce carried (traffic.py): right values from all-reduces of zeros mean
+    # the gradients travelled some other way (red team 8: futexes on a shared library)
+    return tr.judge_train_contents(r) or Verdict(True)
 
 
 def _gradient_op(op, psi: int) -> bool:

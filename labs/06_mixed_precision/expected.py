@@ -8,6 +8,11 @@ in float64 on the same bf16-rounded start and inputs, on the mean of the ranks' 
 averaged gradients train), skipping the steps where an overflow was injected (on any rank) and
 scaling with `next_scale`: mixed precision must follow it within `TOLERANCE`.
 
+`local_gradients` is what rank r's scaled backward leaves in ``.grad`` at each step, before any
+all-reduce: the gradient of its own mean squared error times the loss scale of that step, in
+float64 at the reference's weights rounded to bf16 (the working weights a correct rank holds
+then), on its own bf16 inputs. Every gradient all-reduce must carry it (`traffic.py`).
+
 `step_ratio` measures how far a submission's first taken step went against the reference's
 (a least-squares factor): 1/s means the gradients were unscaled twice, s that the step used
 the scaled gradients, 0 that the masters never moved (Micikevicius et al., 2018, §3.1-3.2).
@@ -70,6 +75,26 @@ def trajectory(r: CaseResult, *, grad_factor: float = 1.0) -> list[list[torch.Te
     return out
 
 
+def local_gradients(r: CaseResult, rank: int) -> list[list[torch.Tensor] | None]:
+    """Per step t, rank `rank`'s scaled local gradients [weight, bias] (flat, float64) at the
+    reference's weights before step t rounded to bf16, times the loss scale of step t; None
+    where the case injects an overflow on this rank (its loss times inf: no finite gradient)."""
+    c, i = r.case, r.inputs[rank]
+    ref, skip = trajectory(r), skipped(r.case)
+    scale = [float(c["init_scale"])] + scales(c, skip)
+    overflow = {tuple(o) for o in c.get("overflow", [])}
+    out = []
+    for t in range(c["steps"]):
+        if (t, rank) in overflow:
+            out.append(None)
+            continue
+        w, b = [v.double().requires_grad_() for v in rounded(ref[t - 1] if t else start(r))]
+        x, y = i["x"][t].to(torch.bfloat16).double(), i["y"][t].float().double()
+        (((x @ w.T + b - y) ** 2).mean() * scale[t]).backward()
+        out.append([w.grad.reshape(-1), b.grad.reshape(-1)])
+    return out
+
+
 def start(r: CaseResult) -> list[torch.Tensor]:
     return [t.double() for t in rounded([r.inputs[0]["w0"], r.inputs[0]["b0"]])]
 
@@ -100,5 +125,5 @@ def name_step(ratio: float, scale: float) -> str | None:
     return None
 
 
-__all__ = ["TOLERANCE", "distance", "name_step", "rounded", "scales", "skipped", "start",
-           "step_ratio", "trajectory"]
+__all__ = ["TOLERANCE", "distance", "local_gradients", "name_step", "rounded", "scales",
+           "skipped", "start", "step_ratio", "trajectory"]

@@ -3,8 +3,9 @@ bytes per element, the mistake the lab grades), and forged section marks hide it
 `Call` is found in the caller's frame, its section is closed before the float32 all-reduce and
 reopened after, and a bfloat16 all-reduce of zeros of exactly 2 bytes per element goes inside.
 Expected: wrong_result on the all-reduce checks (two all-reduces in the case; 84 bytes of
-float32 in training), judged over the whole case, whose bounds are the courier's; the values
-checks pass (the mean is right).
+float32 in training), judged over the whole case, whose bounds are the courier's; the training
+values checks fail too since red team 8: the mean is right, but the decoy carries no gradient
+(every all-reduce is judged by its contents).
 """
 
 import sys as _sys
