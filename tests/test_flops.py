@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from toolkit.flops import (
     A100_BF16, H100_SXM_BF16, PEAK_FLOPS, count_flops, flops_per_token, hfu, matmul_params,
@@ -19,12 +18,7 @@ from toolkit.recompute import CheckpointedGPT
 CFG = GPTConfig(vocab_size=48, seq_len=16, d_model=32, n_head=4, n_layer=3, d_ff=96)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _step(cfg: GPTConfig, batch: int, seq: int, every=None) -> int:

@@ -17,13 +17,7 @@ from toolkit.precision.fp8_linear import RECIPES, Fp8Linear, Fp8Recipe, use_fp8
 CFG = GPTConfig(vocab_size=37, seq_len=8, d_model=20, n_head=2, n_layer=2)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Small ops on two threads of a loaded 2-core machine ran 40x slower (27 s against 0.6 s).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _linear(seed=0):
