@@ -59,6 +59,7 @@ def test_overlapping_async_calls_share_the_row_as_lanes():
 def test_empty_trace_says_so():
     for fig in (viz.timeline(Trace()), viz.traffic_matrix(Trace())):
         assert not fig.data and "no events recorded" in fig.layout.annotations[0].text
+        assert "stub" in fig.layout.annotations[0].text  # says why a playground's plot is empty
 
 
 def test_traffic_matrix_sums_sends_from_row_to_column():

@@ -105,6 +105,10 @@ def _messages(events: list[Event]) -> list[tuple[int, int]]:
     return [pair for key, s in sends.items() for pair in zip(s, recvs.get(key, []))]
 
 
+NOTHING_RECORDED = ("no events recorded: no rank made a call while recording (did the run above "
+                    "raise first, e.g. a function that is still a stub?)")
+
+
 def timeline(trace: Iterable[Event], *, title: str | None = None,
              show_messages: bool = True) -> go.Figure:
     """A Gantt chart of a recorded run: one row per rank (rank 0 on top), one bar per call.
@@ -124,7 +128,7 @@ def timeline(trace: Iterable[Event], *, title: str | None = None,
     if dropped:
         title += f" — {dropped:,} more not recorded (event cap)"
     if not events:
-        return _empty(title, "no events recorded")
+        return _empty(title, NOTHING_RECORDED)
     t0 = min(e.start for e in events)
     t_last = max(e.end if e.end is not None else e.start for e in events)
     end = {i: (e.end if e.end is not None else t_last) for i, e in enumerate(events)}
@@ -197,7 +201,7 @@ def traffic_matrix(trace: Iterable[Event], *, title: str | None = None) -> go.Fi
     events = list(trace)
     title = title or "Point-to-point bytes sent (row → column)"
     if not events:
-        return _empty(title, "no events recorded")
+        return _empty(title, NOTHING_RECORDED)
     world = 1 + max(max(e.rank, e.peer if e.peer is not None else 0) for e in events)
     sent = [[0] * world for _ in range(world)]
     count = [[0] * world for _ in range(world)]
