@@ -3,9 +3,10 @@ it keeps at agreed names or in agreed forms (red-team passes 3-6): each file in
 tests/faults/03_sharded_optimizer/ is the reference with one change appended (the later
 definition wins), graded on the first case of the visible checks it names (real ranks). A cheat
 loses the checks it targets and keeps the others; the fair variants (the list form of
-all_gather, parameters flattened in another order, a float64 master shard, x kept on the
-unit, one broadcast of the flat initial parameters) pass. The
-reference's full marks are tested with every lab in test_autograder.py."""
+all_gather, the list form of reduce_scatter averaging first, parameters flattened in another
+order, a float64 master shard, x kept on the unit, one broadcast of the flat initial
+parameters) pass. The reference's full marks are tested with every lab in
+test_autograder.py."""
 
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ CASES = {
                                                  r"unit", r"only zeros"]),
                                   RELEASE: (False, [r"rank 0's reduce-scatter 1 did not take "
                                                     r"in", r"only zeros"])},
+    "fair_fsdp_reduce_scatter_list": {FSDP: (True, []), RELEASE: (True, [])},
     "fsdp_storage": {FSDP: (True, []),
                      RELEASE: (False, [r"rank 0 still held \d[\d,]* bytes of gathered "
                                        r"parameters after forward"])},
