@@ -3,9 +3,10 @@ it keeps at agreed names or in agreed forms (red-team passes 3-6): each file in
 tests/faults/03_sharded_optimizer/ is the reference with one change appended (the later
 definition wins), graded on the first case of the visible checks it names (real ranks). A cheat
 loses the checks it targets and keeps the others; the fair variants (the list form of
-all_gather, parameters flattened in another order, a float64 master shard, x kept on the
-unit, one broadcast of the flat initial parameters) pass. The
-reference's full marks are tested with every lab in test_autograder.py."""
+all_gather, the list form of reduce_scatter averaging first, parameters flattened in another
+order, a float64 master shard, x kept on the unit, one broadcast of the flat initial
+parameters) pass. The reference's full marks are tested with every lab in
+test_autograder.py."""
 
 from __future__ import annotations
 
@@ -64,6 +65,14 @@ CASES = {
     "zero_bf16_reduce_scatter": {ZERO: (False, [r"a collective carried bfloat16",
                                                 r"keep the gradients and the shards in "
                                                 r"float32"])},
+    # Issue 30's last judge-depth gap: zeros reduce-scattered, the gradient shard moved
+    # elsewhere (emulated); judged on sizes only, it kept the FSDP values checks.
+    "fsdp_zeros_reduce_scatter": {FSDP: (False, [r"not sharded: rank 0's reduce-scatter 1 did "
+                                                 r"not take in its flat padded gradient of a "
+                                                 r"unit", r"only zeros"]),
+                                  RELEASE: (False, [r"rank 0's reduce-scatter 1 did not take "
+                                                    r"in", r"only zeros"])},
+    "fair_fsdp_reduce_scatter_list": {FSDP: (True, []), RELEASE: (True, [])},
     "fsdp_storage": {FSDP: (True, []),
                      RELEASE: (False, [r"rank 0 still held \d[\d,]* bytes of gathered "
                                        r"parameters after forward"])},
@@ -77,15 +86,18 @@ def test_checks_rest_on_the_case_and_the_courier(fault, tmp_path):
 
 
 @pytest.mark.multirank
-def test_a_run_without_sharding_scores_only_the_pure_functions(tmp_path):
-    """Issue 30: all-reduces instead of sharding kept 74 points on values; now only the pure
-    functions' 12 (shard_bounds and flatten_padded, visible and hidden)."""
+@pytest.mark.parametrize("fault, score", [("allreduce_no_sharding", 12),
+                                          ("fsdp_zeros_reduce_scatter", 56)])
+def test_a_run_that_does_not_shard_loses_those_checks(fault, score, tmp_path):
+    """Issue 30, graded on the whole lab (visible and hidden): all-reduces instead of sharding
+    kept 74 points on values, now only the pure functions' 12 (shard_bounds and
+    flatten_padded); reduce-scatters of zeros with the shard moved elsewhere lose every FSDP
+    check (44 points) and keep the rest."""
     lab = load_lab(LAB_DIR)
-    fault = "allreduce_no_sharding"
     text = source(fault, LAB_DIR / "sharding.py", FAULTS)
     result, _ = run_grade(lab, submission(fault, tmp_path / "subs", text=text,
                                           name="sharding.py"), tmp_path)
-    assert result.score == 12, [(c.check.name, c.score, c.message) for c in result.checks]
+    assert result.score == score, [(c.check.name, c.score, c.message) for c in result.checks]
 
 
 def test_every_fault_file_has_a_case():

@@ -37,24 +37,43 @@ def _traffic(rank: int, calls) -> RankTraffic:
     return t
 
 
+def _fsdp_local_grads(rank: int) -> list[list[torch.Tensor]]:
+    """Per step (of 2) and unit: the flat padded gradient of the loss on `rank`'s slice of the
+    batch with respect to the unit's (weight, bias), float64, by autograd on the grader's
+    float64 trajectory (what a correct backward reduce-scatters)."""
+    out = []
+    for model in checks["ex"].training(FSDP, steps=2, optimizer="plain_sgd"):  # one model, stepped
+        if len(out) == 2:
+            break
+        x, y = (t.double() for t in harness.local_batch(FSDP, rank, W))
+        params = [q for m in checks["_linears"](model) for q in (m.weight, m.bias)]
+        g = torch.autograd.grad(torch.nn.functional.mse_loss(model(x), y), params)
+        out.append([_flat([g[i].reshape(-1), g[i + 1]]) for i in range(0, len(g), 2)])
+    return out
+
+
 def _fsdp_traffic(rank: int, *, names=("all_gather_single", "reduce_scatter_single"),
-                  extra=()) -> RankTraffic:
+                  extra=(), rs_scale=1.0) -> RankTraffic:
     """An FSDP rank's traffic as the courier records a correct run of 2 steps: per step and
     unit an all-gather in forward, one in backward (each with the float32 bytes of the rank's
-    shard of the unit's parameters at that step, which the courier keeps) and a
-    reduce-scatter of p·S; then `extra` (op, elements)."""
+    shard of the unit's parameters at that step, which the courier keeps), then per unit, last
+    first (as backward reaches them), a reduce-scatter of its flat padded local gradient
+    (p·S, times `rs_scale`); then `extra` (op, elements)."""
     ag, rs = names
     t = RankTraffic(rank)
+
+    def add(op, value):
+        o = Op(rank, len(t.ops), op, None, 4 * value.numel(), "float32", (value.numel(),))
+        o.data = value.float().numpy().tobytes()
+        t.add(o)
+
     runs = [checks["tr"].unit_flats(m) for m in
             checks["ex"].training(FSDP, steps=2, optimizer="plain_sgd")][:2]
-    for flats in runs:
+    for flats, grads in zip(runs, _fsdp_local_grads(rank)):
         for f, s in [(f, math.ceil(f.numel() / W)) for f in flats] * 2:
-            mine = checks["ex"].padded([f], W)[rank * s:(rank + 1) * s].float()
-            o = Op(rank, len(t.ops), ag, None, 4 * s, "float32", (s,))
-            o.data = mine.numpy().tobytes()
-            t.add(o)
-        for s in SHARDS:
-            t.add(Op(rank, len(t.ops), rs, None, 4 * W * s, "float32", (W * s,)))
+            add(ag, checks["ex"].padded([f], W)[rank * s:(rank + 1) * s])
+        for g in grads[::-1]:
+            add(rs, g * rs_scale)
     for op, n in extra:
         t.add(Op(rank, len(t.ops), op, None, 4 * n, "float32", (n,)))
     return t
@@ -227,6 +246,95 @@ def test_collectives_carry_the_gradient_and_the_updated_parameters():
     v = checks["judge_zero_traffic"](_zero_result(ZERO, _zero_outputs(), rs_scale=0.0))
     assert not v.passed and "rank 0's reduce-scatter in step 1 did not take in its flat " \
         "padded gradient" in v.message, v.message
+
+
+def _ops(result, op: str):
+    """Each rank's list of ops and the positions in it of its calls of `op`."""
+    return [(t.ops, [k for k, o in enumerate(t.ops) if o.op == op]) for t in result.traffic]
+
+
+def test_fsdp_reduce_scatters_carry_each_units_local_gradient():
+    """Issue 30's last judge-depth gap: FSDP's reduce-scatters were judged on their sizes, so
+    zeros of the right size passed while the real shard could move by the kernel's thread-exit
+    wake (docs/grading.md, "What it does not stop"). Each must carry the rank's own flat padded
+    local gradient of a unit (or that over p) and every unit's of every step must pass, in any
+    order; averaging first and the units in another order are as right."""
+    good, rs = _fsdp_outputs(), "reduce_scatter_single"
+    assert checks["judge_fsdp"](_fsdp_result(good, rs_scale=1 / W)).passed
+    forward = _fsdp_result(good)  # the units first to last in each step
+    for ops, at in _ops(forward, rs):
+        for a, b in ((at[0], at[1]), (at[2], at[3])):
+            ops[a], ops[b] = ops[b], ops[a]
+    assert checks["judge_fsdp_traffic"](forward).passed
+    v = checks["judge_fsdp"](_fsdp_result(good, rs_scale=0.0))
+    assert not v.passed and "not sharded: rank 0's reduce-scatter 1 did not take in its flat " \
+        "padded gradient of a unit" in v.message and "only zeros" in v.message, v.message
+    other = _fsdp_result(good)  # rank 0 reduce-scatters rank 1's gradient
+    (ops, at), (theirs, _) = _ops(other, rs)
+    for k in at:
+        ops[k] = theirs[k]
+    v = checks["judge_fsdp"](other)
+    assert not v.passed and "rank 0's reduce-scatter 1 did not take in" in v.message and \
+        "other values (float32)" in v.message, v.message
+    replayed, dropped = _fsdp_result(good), _fsdp_result(good)
+    for ops, at in _ops(replayed, rs):  # step 2 sends step 1's gradients again
+        ops[at[2]], ops[at[3]] = ops[at[0]], ops[at[1]]
+    for ops, at in _ops(dropped, rs):  # step 2 sends none
+        del ops[at[3]], ops[at[2]]
+    for result in (replayed, dropped):
+        v = checks["judge_fsdp"](result)
+        assert not v.passed and "no reduce-scatter of rank 0 took in its flat padded gradient " \
+            "of a unit" in v.message and "for unit 0 in step 2" in v.message, v.message
+
+
+def test_fsdp_all_gathers_pass_every_shard_the_steps_need():
+    """Each unit's shard at every step must pass an all-gather (forward needs it), and after
+    the last step too where full_state_dict gathers: an all-gather replaying the previous
+    step's shard, with this step's moved elsewhere, fails."""
+    replayed = _fsdp_result(_fsdp_outputs())
+    for ops, at in _ops(replayed, "all_gather_single"):  # step 2 gathers step 1's shards
+        for k in range(4):
+            ops[at[4 + k]] = ops[at[k]]
+    v = checks["judge_fsdp"](replayed)
+    assert not v.passed and "no all-gather of rank 0 took in its shard of a unit's " \
+        "parameters" in v.message and "unit 0 after 1 SGD step(s)" in v.message, v.message
+    # one step, then full_state_dict's gathers: ops 0-5 are step 1, 6-7 step 2's forward
+    state = _fsdp_result(_fsdp_outputs())
+    for t in state.traffic:
+        t.ops[8:] = []
+    assert checks["tr"].fsdp_sharded(state, 1, final=True).passed
+    for t in state.traffic:
+        t.ops[6:] = []
+    assert checks["tr"].fsdp_sharded(state, 1).passed
+    v = checks["tr"].fsdp_sharded(state, 1, final=True)
+    assert not v.passed and "unit 0 after 1 SGD step(s)" in v.message, v.message
+
+
+def test_a_float32_run_stays_well_inside_the_reduce_scatter_tolerance():
+    """`is_gradient`'s tolerance (expected.close) against what a correct float32 FSDP
+    reduce-scatters: each rank's local gradient of every unit, by autograd on the float32
+    model that the mean of those gradients trains, for every FSDP case shape of the lab
+    (visible and hidden) over 20 seeds: the largest difference stays under half of it."""
+    shapes = {(k["world_size"], tuple(k["dims"])) for c in LAB.checks if c.call.startswith("fsdp")
+              for k in c.cases}
+    ex, lr = checks["ex"], harness.OPTIMIZERS["plain_sgd"][2]["lr"]
+    worst = 0.0
+    for seed in range(20):
+        for p, dims in sorted(shapes):
+            case = {"world_size": p, "dims": list(dims), "frozen": [], "seed": 5000 + seed}
+            model = harness.make_model(case)  # float32, as the ranks train it
+            for grads, _ in ex.zero_contents(dict(case, steps=2, optimizer="plain_sgd"), p):
+                params = list(model.parameters())
+                local = [torch.autograd.grad(torch.nn.functional.mse_loss(model(x), y), params)
+                         for x, y in (harness.local_batch(case, r, p) for r in range(p))]
+                for got, w in zip(local, grads):
+                    got, w = torch.cat([g.reshape(-1) for g in got]).double(), torch.cat(w)
+                    worst = max(worst, float(((got - w).abs() / (ex.ATOL + ex.RTOL * w.abs()))
+                                             .max()))
+                with torch.no_grad():
+                    for k, q in enumerate(params):
+                        q -= lr * sum(g[k] for g in local) / p
+    assert worst < 0.5, worst
 
 
 @pytest.mark.parametrize("verdict, words", [

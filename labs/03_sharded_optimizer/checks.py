@@ -8,12 +8,12 @@ optimizer's state tensors; gathered parameters alive after forward) and traffic 
 grader's courier: calls per operation (``reduce_scatter_tensor``, ``reduce_scatter_single`` and
 the list form ``reduce_scatter`` are one operation, as are the all-gathers) and the elements
 each took in: a reduce-scatter p·S (the flat padded vector), an all-gather S (a shard),
-S = ⌈n/p⌉ for the case's model, and what a ZeRO step's collectives carried (the courier keeps
-their inputs): the rank's own flat gradient into the reduce-scatter, its shard of the updated
-parameters into the all-gather, both from the grader's own float64 step. The pure functions
-are judged on the case's (n, p), one row each. ZeRO §5.1-5.3 and §7.2 (Rajbhandari et al.,
-SC 2020): stage 2 keeps Kψ/N_d bytes of optimizer state per rank; stage 3 all-gathers each unit
-twice and reduce-scatters its gradient once per step.
+S = ⌈n/p⌉ for the case's model, and what the collectives carried (the courier keeps their
+inputs): the rank's own flat gradient into each reduce-scatter (ZeRO's, and FSDP's per unit),
+its shard of the parameters into each all-gather, from the grader's own float64 run. The pure
+functions are judged on the case's (n, p), one row each. ZeRO §5.1-5.3 and §7.2 (Rajbhandari
+et al., SC 2020): stage 2 keeps Kψ/N_d bytes of optimizer state per rank; stage 3 all-gathers
+each unit twice and reduce-scatters its gradient once per step.
 """
 
 from __future__ import annotations
@@ -346,7 +346,7 @@ def judge_fsdp_state(r: CaseResult) -> Verdict:
                     return Verdict(False, f"rank {rank}: full_state_dict() of layer {i} gives a "
                                           f"{name} that differs from single-process training "
                                           f"after one step ({label(r)})")
-    return _sharded(tr.fsdp_sharded(r, 1))
+    return _sharded(tr.fsdp_sharded(r, 1, final=True))  # full_state_dict gathers once more
 
 
 CHECKS = [

@@ -2,9 +2,10 @@
 
 The grader trains the case's seeded model in one process on the whole batch (every rank had an
 equal slice, so the sharded run must apply the *mean* gradient) and compares: the parameters a
-sharded run ends with (`reference`), and what each ZeRO step's collectives must carry
-(`zero_contents`). Loaded by path from checks.py and traffic.py, as the grader loads every lab
-file; the harness is the lab's harness.py under the name the ranks use.
+sharded run ends with (`reference`), and each rank's local gradients, which its reduce-scatters
+must carry, ZeRO's and FSDP's (`zero_contents`). Loaded by path from checks.py and traffic.py,
+as the grader loads every lab file; the harness is the lab's harness.py under the name the
+ranks use.
 """
 
 from __future__ import annotations
@@ -81,9 +82,14 @@ def block_order(gathered: torch.Tensor | None, blocks: list[torch.Tensor]) -> li
     return order if order is not None and len(order) == len(blocks) else None
 
 
+RTOL, ATOL = 1e-4, 2e-5
+"""`close`'s tolerance: a correct float32 run's values, gradients and shards against the float64
+reference (tests/test_lab03_judges.py: a float32 FSDP's reduce-scatters stay under half of it)."""
+
+
 def close(got, want: torch.Tensor) -> bool:
     return (isinstance(got, torch.Tensor) and got.shape == want.shape
-            and torch.allclose(got.double(), want, rtol=1e-4, atol=2e-5))
+            and torch.allclose(got.double(), want, rtol=RTOL, atol=ATOL))
 
 
 def mismatch(states: list, want: dict[str, torch.Tensor]) -> tuple[int, str] | None:

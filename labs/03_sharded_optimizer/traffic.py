@@ -3,8 +3,10 @@
 Calls per operation (``reduce_scatter_tensor``, ``reduce_scatter_single`` and the list form
 ``reduce_scatter`` are one operation, as are the all-gathers), the elements each took in (a
 reduce-scatter p·S, the flat padded vector; an all-gather S, a shard; S = ⌈n/p⌉ for the case's
-model) and, for ZeRO, their contents: the courier keeps their inputs, compared with the
-grader's own float64 step (expected.py). A broadcast may only sync the initial weights, once.
+model) and their contents: the courier keeps their inputs, compared with the grader's own
+float64 run (expected.py): ZeRO's step by step, FSDP's unit by unit in any order, so that no
+check rests on what moved outside the courier. A broadcast may only sync the initial weights,
+once.
 ZeRO §5.1-5.3 and §7.2 (Rajbhandari et al., SC 2020). The values checks rest on these too: a
 sharded optimizer or an FSDP unit whose collectives do not shard is not one, whatever its
 values (`zero_collectives`, `fsdp_sharded`).
@@ -168,21 +170,18 @@ def unit_flats(model: torch.nn.Module) -> list[torch.Tensor]:
             for m in model if isinstance(m, torch.nn.Linear)]
 
 
-def fsdp_sharded(r: CaseResult, steps: int) -> Verdict:
+def fsdp_sharded(r: CaseResult, steps: int, *, final: bool = False) -> Verdict:
     """FSDP's sharding, from what the courier moved and kept, not from the values (a plain DDP
     whose "all-gathers" were all-reduces of a zero buffer holding each rank's shard scored on
     values alone: 74/100): no all-reduce carrying data (it hands every rank the whole sum), no
     broadcast once training began or of anything but the initial weights; every reduce-scatter
     takes a unit's flat padded gradient (p·S elements, so it returns S) and every all-gather
-    one S-element shard, S = ⌈n/p⌉ for the case's units; and what each all-gather carried (the
-    courier's copy) is the rank's own shard of one unit's parameters at some step of the
-    grader's float64 run (`steps` SGD steps, every point counted: a gathered gradient is not
-    a shard of parameters)."""
+    one S-element shard, S = ⌈n/p⌉ for the case's units. Then what each carried (the courier's
+    copies, `fsdp_contents`) against the grader's float64 run of `steps` SGD steps (`final`:
+    the run gathers the parameters once more after them, as `full_state_dict` does)."""
     p = r.world_size
     runs = [unit_flats(m) for m in ex.training(r.case, steps=steps, optimizer="plain_sgd")]
     shards = [math.ceil(f.numel() / p) for f in runs[0]]
-    mine = [[padded([f], p)[rank * s:(rank + 1) * s] for fl in runs for f, s in zip(fl, shards)]
-            for rank in range(p)]
     for rank, t in enumerate(r.traffic):
         if any(o.op == "all_reduce" and o.nbytes for o in t.ops):
             return Verdict(False, f"rank {rank} called all_reduce: FSDP reduce-scatters the "
@@ -198,16 +197,63 @@ def fsdp_sharded(r: CaseResult, steps: int) -> Verdict:
                                   f"reduce-scatters {rs} ({label(r)}); the units' shards are "
                                   f"S = {shards}: each all-gather takes one unit's S-element "
                                   "shard, each reduce-scatter its flat padded gradient (p·S)")
-        for k, o in enumerate(x for x in t.ops if SAME.get(x.op, x.op) == AG):
-            got = inputs(o)
-            if not any(close(got, want) for want in mine[rank]):
-                what = said(got, mine[rank][0]) if got is None else "it carried other values"
-                return Verdict(False, f"rank {rank}'s all-gather {k + 1} did not take in its "
-                                      "shard of a unit's parameters (elements [r·S, (r+1)·S) of "
-                                      "the flat (weight, bias) vector, as the step left them): "
-                                      f"{what} ({label(r)}); FSDP gathers parameters, never "
-                                      "gradients")
-    return foreign_verdict(r, "FSDP")
+    foreign = foreign_verdict(r, "FSDP")
+    return fsdp_contents(r, runs, steps + final) if foreign.passed else foreign
+
+
+def fsdp_contents(r: CaseResult, runs: list[list[torch.Tensor]], points: int) -> Verdict:
+    """What each FSDP collective carried, from the courier's copies of their inputs, against
+    the grader's float64 run (`runs`: each unit's flat parameters before each step and after
+    the last): every all-gather the rank's shard of one unit's parameters at some point of it,
+    every reduce-scatter the rank's own flat padded local gradient of one unit at some step
+    (`is_gradient` of ZeRO's `zero_contents`: of the loss on the rank's slice of the batch, or
+    that over p). Each shard of the first `points` points (forward gathers every unit at every
+    step) and each unit's gradient of every step must pass at least once, in any order: a run
+    whose collectives carry decoys (zeros of the right size) while the data moves by a channel
+    outside the courier fails, and replaying a right value where another was due buys nothing,
+    since the due one must pass the courier too."""
+    p, units = r.world_size, len(runs[0])
+    case = dict(r.case, steps=len(runs) - 1, optimizer="plain_sgd")
+    grads = [[[padded(g[i:i + 2], p) for i in range(0, len(g), 2)] for g in per_rank]
+             for per_rank, _ in ex.zero_contents(case, p)]  # [step][rank][unit]: (weight, bias)
+    # (an FSDP case freezes nothing: its parameters are every unit's weight then bias)
+    for rank in range(p):
+        shards = [padded([f], p).chunk(p)[rank] for flats in runs for f in flats]
+        due = points * units
+        bad = (carried(r, rank, AG, shards[:due], shards[due:], close,
+                       "its shard of a unit's parameters (elements [r·S, (r+1)·S) of the flat "
+                       "(weight, bias) vector, as a step left them)",
+                       "unit {u} after {n} SGD step(s)", "FSDP gathers parameters, never gradients")
+               or carried(r, rank, RS, [u for step in grads for u in step[rank]], [],
+                          lambda g, w: is_gradient(g, w, p),
+                          "its flat padded gradient of a unit (of the loss on its own slice of "
+                          f"the batch, or that over {p})", "unit {u} in step {s}",
+                          "FSDP reduce-scatters each unit's gradient once a step"))
+        if bad is not None:
+            return bad
+    return Verdict(True)
+
+
+def carried(r: CaseResult, rank: int, op: str, due: list[torch.Tensor],
+            also: list[torch.Tensor], same, what: str, at: str, rule: str) -> Verdict | None:
+    """A failing verdict when one of `rank`'s calls of `op` took in none of `due` + `also`
+    (`same(got, want)`), or when a value of `due` (units × steps, `at` naming one) passed in
+    none; None when every call carried an expected value and every due one passed."""
+    calls = [o for o in r.traffic[rank].ops if SAME.get(o.op, o.op) == op]
+    got, units = [inputs(o) for o in calls], len(r.case["dims"]) - 1
+    name = "all-gather" if op == AG else "reduce-scatter"
+    for k, g in enumerate(got):
+        if not any(same(g, w) for w in due + also):
+            why = (said(g, due[0]) if g is None else "it carried only zeros"
+                   if not bool(g.any()) else f"it carried other values ({calls[k].dtype})")
+            return Verdict(False, f"rank {rank}'s {name} {k + 1} did not take in {what}: {why} "
+                                  f"({label(r)}); {rule}")
+    j = next((j for j, w in enumerate(due) if not any(same(g, w) for g in got)), None)
+    if j is None:
+        return None
+    where = at.format(u=j % units, n=j // units, s=j // units + 1)
+    return Verdict(False, f"no {name} of rank {rank} took in {what} for {where} ({label(r)}): "
+                          f"the data must move by the collectives; {rule}")
 
 
 def inputs(op) -> torch.Tensor | None:
@@ -236,7 +282,7 @@ def zero_contents_verdict(r: CaseResult) -> Verdict:
         for rank in range(p):
             got = inputs(rs[rank][step - 1])
             want = padded([grads[rank][k] for k in order], p)
-            if not any(close(got, want * c) for c in (1.0, 1.0 / p)):
+            if not is_gradient(got, want, p):
                 return Verdict(False, f"rank {rank}'s reduce-scatter in step {step} did not take "
                                       f"in its flat padded gradient (of the loss on its own slice "
                                       f"of the batch, {p}·S = {want.numel()} elements, or that "
@@ -250,6 +296,12 @@ def zero_contents_verdict(r: CaseResult) -> Verdict:
                                       f"{said(got, want)}; ZeRO all-gathers parameters, so "
                                       f"each rank steps only its shard ({label(r)})")
     return Verdict(True)
+
+
+def is_gradient(got: torch.Tensor | None, want: torch.Tensor, p: int) -> bool:
+    """Whether a reduce-scatter's input is the rank's local gradient `want`, or that over p
+    (averaging before the reduce-scatter is as right as after it)."""
+    return any(close(got, want * c) for c in (1.0, 1.0 / p))
 
 
 def said(got: torch.Tensor | None, want: torch.Tensor) -> str:
