@@ -216,6 +216,8 @@ bench: setup  ## measure every figure (benchmarks/*.py --save), then write docs/
 	$(BIN)/python benchmarks/grade_timeout.py --save
 	$(BIN)/python benchmarks/grading.py --class $(BENCH_CLASS) --save
 	$(BIN)/python benchmarks/lesson_resources.py --save
+	$(BIN)/python benchmarks/gpu_check.py --device cpu --quick --lessons 00 --save
+	$(BIN)/python benchmarks/cluster_paths.py --save || test $$? -eq 2  # 2: no root or SLURM here
 	$(BIN)/python benchmarks/lesson_map.py
 	$(BIN)/python benchmarks/figures_page.py
 

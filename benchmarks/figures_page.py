@@ -8,6 +8,9 @@ rewrites, between ``<!-- measured: NAME -->`` and ``<!-- /measured: NAME -->`` m
   figure: what, one sentence formatted from the file (`figure_sentences`, `grading_figures`)
   with the date, cores and load it was taken at (†: busier than its cores), and the script
   with the command;
+* docs/cluster.md: ``wheelhouse`` (benchmarks/wheelhouse.py), ``gpu-check`` (how long
+  benchmarks/gpu_check.py took, step by step) and ``cluster-paths`` (the SLURM and torchrun
+  tests' table, benchmarks/cluster_paths.py), from `cluster_figures`;
 * docs/grading.md: ``rank-start``, ``courier`` (the "reference solutions need" column of the
   caps table, and the grader's peak RSS), ``attacks``, ``judges`` (the measured columns of the
   attacks table), ``timeout`` (the provocations' table) and ``class``: the same sentences where
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cluster_figures as cluster  # noqa: E402  (benchmarks/cluster_figures.py)
 import figure_sentences as say  # noqa: E402  (benchmarks/figure_sentences.py)
 import grading_figures as grader  # noqa: E402  (benchmarks/grading_figures.py)
 import saved  # noqa: E402  (benchmarks/saved.py)
@@ -35,6 +39,7 @@ import saved  # noqa: E402  (benchmarks/saved.py)
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "docs" / "figures.md"
 GRADING = ROOT / "docs" / "grading.md"
+CLUSTER = ROOT / "docs" / "cluster.md"
 Entries = say.Entries
 Results = dict[str, Entries]
 """{benchmark name: its saved entries}."""
@@ -108,18 +113,23 @@ LESSONS_ROW = ("| Each lesson, top to bottom | Run time and peak memory per less
                "`benchmarks/lesson_map.py` |")
 
 
+CLUSTER_BENCHES = ("wheelhouse", "gpu_check", "cluster_paths")
+
+
 def load(folder: Path = saved.RESULTS) -> Results:
     """Every benchmark's saved entries in `folder` ({} for one never saved)."""
-    return {name: saved.entries(name, folder) for name in {row.bench for row in ROWS}}
+    return {name: saved.entries(name, folder)
+            for name in {row.bench for row in ROWS} | set(CLUSTER_BENCHES)}
 
 
-def measured_by(bench: str, picked: Entries) -> str:
-    """The script, linked, and the command lines that took `picked`."""
+def measured_by(bench: str, picked: Entries, *, save_last: bool = False) -> str:
+    """The script, linked, and the command lines that took `picked` (``--save`` first, or last
+    where it belongs to a subcommand)."""
     script = f"benchmarks/{bench}.py"
     options = sorted({e["command"].removeprefix(f"python {script}").strip()
                       for e in picked.values()})
-    return f"[`{script}`](../{script}) " + "; ".join(f"`{f'--save {o}'.strip()}`"
-                                                    for o in options)
+    line = (lambda o: f"{o} --save") if save_last else (lambda o: f"--save {o}")
+    return f"[`{script}`](../{script}) " + "; ".join(f"`{line(o).strip()}`" for o in options)
 
 
 def sentence(row: Row, results: Results) -> tuple[str, Entries]:
@@ -143,7 +153,8 @@ def table(results: Results) -> str:
 
 def machine(results: Results) -> str:
     """Where, when and how busy, computed from every saved entry."""
-    entries = [e for bench in results.values() for e in bench.values()]
+    entries = [e for bench in sorted({row.bench for row in ROWS})
+               for e in results.get(bench, {}).values()]
     if not entries:
         return "Nothing has been measured yet: `make bench` measures every figure."
     machines = [e["machine"] for e in entries]
@@ -226,7 +237,33 @@ def render(text: str, regions: dict[str, Callable[[str, Results], str]],
     return text
 
 
-PAGES = ((FIGURES, FIGURES_REGIONS), (GRADING, GRADING_REGIONS))
+def cluster_sentence(bench: str, write: Callable[[Entries], str | None], *,
+                     command: str = "", save_last: bool = False) -> Callable[[str, Results], str]:
+    """A docs/cluster.md region: `write`'s sentence, then when, where and the command."""
+    def region(old: str, results: Results) -> str:
+        picked = results.get(bench, {})
+        text = write(picked) if picked else None
+        if text is None:
+            return f"Not measured yet: `python benchmarks/{bench}.py {command}--save`."
+        return (f"{text.removesuffix('.')} ({say.tag(list(picked.values()))}; "
+                f"{measured_by(bench, picked, save_last=save_last)}).")
+    return region
+
+
+def cluster_table(old: str, results: Results) -> str:
+    picked = results.get("cluster_paths", {})
+    text = cluster.cluster_paths(picked) if picked else None
+    return taken("cluster_paths", picked) if text is None else \
+        text + "\n\n" + taken("cluster_paths", picked)
+
+
+CLUSTER_REGIONS: dict[str, Callable[[str, Results], str]] = {
+    "wheelhouse": cluster_sentence("wheelhouse", cluster.wheelhouse, command="download ",
+                                   save_last=True),
+    "gpu-check": cluster_sentence("gpu_check", cluster.gpu_check),
+    "cluster-paths": cluster_table,
+}
+PAGES = ((FIGURES, FIGURES_REGIONS), (GRADING, GRADING_REGIONS), (CLUSTER, CLUSTER_REGIONS))
 
 
 def main(argv: list[str] | None = None) -> int:

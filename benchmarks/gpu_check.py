@@ -27,7 +27,9 @@ not run. Exit status 0 when every step passed, 1 when one failed (the others sti
 this machine has no GPU to check (nothing starts).
 
 ``--device cpu --quick`` rehearses every step on the CPU (tests/test_gpu_check.py runs it);
-``--dry-run`` prints the plan and the commands without running them.
+``--dry-run`` prints the plan and the commands without running them. ``--save`` records each
+step's status and seconds in benchmarks/results/gpu_check.json (docs/cluster.md's "How long" is
+written from it by benchmarks/figures_page.py), ``--record FILE.json`` into another file.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ from toolkit.launch import (  # noqa: E402
     visible_gpus,
 )
 from toolkit.launch.gpus import hidden_cuda_env  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import saved  # noqa: E402  (benchmarks/saved.py)
 
 GRADED_LABS = ("01_collectives", "02_ddp", "03_sharded_optimizer", "06_mixed_precision")
 LESSONS = ("00", "02")
@@ -277,7 +282,13 @@ def steps(plan: Plan, out: Path) -> list[tuple[str, float, Callable[[float], boo
 @dataclass
 class Summary:
     lines: list[str] = field(default_factory=list)
+    steps: list[tuple[str, str, float]] = field(default_factory=list)
+    """(step, status, seconds) as each ended."""
     passed: bool = True
+
+
+ABOUT = ("Each step of `make gpu-check` (benchmarks/gpu_check.py): its status and seconds, the "
+         "placement and the budget; key: the device checked ('cpu' for a rehearsal).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=480.0,
                     help="seconds for the whole run (default 480); later steps are not run")
     ap.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    saved.add_arguments(ap, "gpu_check")
     args = ap.parse_args(argv)
+    save_to = saved.target(ap, args, "gpu_check")
     plan = Plan.for_machine(args.device, args.quick)
     if args.lessons:
         plan.lessons = tuple(args.lessons.split(","))
@@ -311,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{i}/{len(plan_steps)}] {name} (at most {cap} s)")
         return 0
     out.mkdir(parents=True, exist_ok=True)
+    load_before = saved.load_average()
     summary, end = Summary(), time.monotonic() + args.budget
     for i, (name, cap, step) in enumerate(plan_steps, 1):
         left = end - time.monotonic()
@@ -325,11 +339,20 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
                 passed = False
             status = "ok" if passed else "FAILED"
-        summary.lines.append(f"{name:<12} {status:<17} {time.perf_counter() - t0:6.0f} s")
+        took = time.perf_counter() - t0
+        summary.steps.append((name, status, took))
+        summary.lines.append(f"{name:<12} {status:<17} {took:6.0f} s")
         summary.passed &= passed
         print(f"[{i}/{len(plan_steps)}] {summary.lines[-1]}", flush=True)
     (out / "summary.txt").write_text("\n".join(summary.lines) + "\n")
     print("\n".join(["gpu-check summary:", *summary.lines, f"results in {out}"]), flush=True)
+    saved.record(save_to, "gpu_check", plan.device if plan.device == "cpu" else
+                 f"{plan.gpus} GPU(s)", {
+                     "gpus": plan.gpus, "placement": plan.placement, "worlds": list(plan.worlds),
+                     "quick": args.quick, "lessons": list(plan.lessons), "budget_s": args.budget,
+                     "steps": [list(step) for step in summary.steps],
+                     "total_s": sum(s for _, _, s in summary.steps)},
+                 about=ABOUT, load_before=load_before, argv=argv)
     return 0 if summary.passed else 1
 
 

@@ -20,7 +20,9 @@ torch, installs from the folder only what is missing (``pip install --no-index
 `autograder` as a package, which PYTHONPATH alone does not give it). Without nbval the suite's
 pytest options do not parse: the GPU check runs pytest with ``-o addopts=``.
 
-``--dry-run`` prints the pip commands without running them.
+``--dry-run`` prints the pip commands without running them. `download` ends by saying how many
+wheels the folder holds and their size; with ``--save`` it records them in
+benchmarks/results/wheelhouse.json (docs/cluster.md's figure is written from it).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import saved  # noqa: E402  (benchmarks/saved.py)
+
 NEEDED = ("numpy", "cloudpickle", "psutil", "pandas", "plotly", "ipywidgets", "pytest",
           "pytest-timeout", "pytest-xdist", "nbval", "nbclient", "ipykernel")
 """What `make gpu-check` imports besides torch: the toolkit, the grader, pytest for the GPU
@@ -99,6 +104,12 @@ def install_commands(wheels: Path | None) -> list[list[str]]:
     return cmds
 
 
+def wheels_in(dest: Path) -> dict[str, int]:
+    """How many wheels `dest` holds and their bytes: what is copied to the node."""
+    found = [p for p in dest.glob("*.whl") if p.is_file()]
+    return {"wheels": len(found), "bytes": sum(p.stat().st_size for p in found)}
+
+
 def _run(cmds: list[list[str]], dry_run: bool) -> int:
     for cmd in cmds:
         print("$ " + " ".join(cmd), flush=True)
@@ -117,13 +128,26 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--platform", default="x86_64", choices=sorted(PLATFORMS))
     d.add_argument("--dest", type=Path, default=ROOT / "wheelhouse")
     d.add_argument("--dry-run", action="store_true", help="print the pip command only")
+    saved.add_arguments(d, "wheelhouse")
     i = sub.add_parser("install", help="on the GPU node: what is missing, then the project")
     i.add_argument("--from", dest="wheels", type=Path, help="the wheelhouse folder")
     i.add_argument("--dry-run", action="store_true", help="print the pip commands only")
     args = ap.parse_args(argv)
     try:
         if args.command == "download":
-            return _run([download_command(args.python, args.platform, args.dest)], args.dry_run)
+            save_to, load_before = saved.target(d, args, "wheelhouse"), saved.load_average()
+            if _run([download_command(args.python, args.platform, args.dest)], args.dry_run):
+                return 1
+            if not args.dry_run:
+                held = wheels_in(args.dest)
+                print(f"wheelhouse: {held['wheels']} wheels, {held['bytes'] / 1e6:.0f} MB in "
+                      f"{args.dest}", flush=True)
+                saved.record(save_to, "wheelhouse", f"python {args.python} {args.platform}",
+                             {"python": args.python, "platform": args.platform, **held},
+                             about="What `make wheelhouse` downloads for a GPU node without "
+                             "internet: wheels and bytes, per Python version and platform.",
+                             load_before=load_before, argv=argv)
+            return 0
         try:
             import torch
         except ImportError:

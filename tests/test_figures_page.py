@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import cluster_figures as cluster  # noqa: E402  (benchmarks/cluster_figures.py)
 import figure_sentences as say  # noqa: E402  (benchmarks/figure_sentences.py)
 import figures_page  # noqa: E402  (benchmarks/figures_page.py)
 import grading_figures as grader  # noqa: E402  (benchmarks/grading_figures.py)
@@ -190,3 +191,44 @@ def test_formats():
         ["0.25 µs", "5.3 µs", "91.2 ms", "2.83 s", "2,329 s"]
     assert say.span([1.05, 1.15, 1.1]) == "1.05-1.15" and say.span([2.0, 2.001]) == "2.00"
     assert say.plural(1, "run") == "1 run" and say.plural(3, "launch", "launches") == "3 launches"
+
+
+def test_the_cluster_page_figures_come_from_their_entries():
+    """docs/cluster.md: the wheelhouse, gpu-check's steps (a GPU run first, a rehearsal alone
+    says no GPU has run it) and the cluster paths' table, each with when and the command."""
+    steps = [["environment", "ok", 20.4], ["GPU figures", "ok", 3.6], ["grading", "FAILED", 95.0]]
+    rehearsal = _entry({"gpus": 0, "placement": "cpu", "worlds": [2], "quick": True,
+                        "lessons": ["00"], "budget_s": 480.0, "steps": steps, "total_s": 119.0},
+                       command="python benchmarks/gpu_check.py --device cpu --quick")
+    runs = [{p: s for _, p, _ in cluster.PATHS} for s in (0.5, 30.0, 12.0)]
+    results = {
+        "wheelhouse": {"python 3.12 x86_64": _entry(
+            {"python": "3.12", "platform": "x86_64", "wheels": 53, "bytes": 58_363_426},
+            command="python benchmarks/wheelhouse.py download --python 3.12")},
+        "gpu_check": {"cpu": rehearsal},
+        "cluster_paths": {"tests": _entry({"runs": runs}, load=9.0,
+                                          command="python benchmarks/cluster_paths.py")},
+    }
+    page = "".join(f"<!-- measured: {n} -->\nold\n<!-- /measured: {n} -->\n"
+                   for n in figures_page.CLUSTER_REGIONS)
+    out = figures_page.render(page, figures_page.CLUSTER_REGIONS, results)
+    assert "old" not in out
+    assert ("`make wheelhouse` downloaded 53 wheels, 58 MB for Python 3.12 on x86_64 "
+            "(2026-01-02, 2 cores, load average 0.5-0.8; [`benchmarks/wheelhouse.py`]"
+            "(../benchmarks/wheelhouse.py) `download --python 3.12 --save`)") in out
+    assert out.count("Not yet run on a GPU") == 1
+    assert ("The CPU rehearsal (`--device cpu`, `--quick`, lessons 00) 2 of 3 steps passed in "
+            "119 s of its 480 s budget: environment 20 s, GPU figures 4 s, grading 95 s "
+            "(FAILED)") in out
+    assert "Median of 3 runs and range, in seconds:" in out
+    # One format per row, chosen by its median: whole seconds from 10 s.
+    assert "| 3 lab-01 submissions, 2 array tasks, one summary.csv | 12 (0-30) |" in out
+    assert "load average 9.0-9.2 †" in out              # the busy run is marked
+    gpu = {**rehearsal, "figures": {**rehearsal["figures"], "gpus": 1, "placement": "shared"}}
+    both = figures_page.render(page, figures_page.CLUSTER_REGIONS,
+                               {**results, "gpu_check": {"cpu": rehearsal, "1 GPU(s)": gpu}})
+    assert "Not yet run on a GPU" not in both
+    assert both.index("On 1 GPU (placement shared") < both.index("The CPU rehearsal")
+    nothing = figures_page.render(page, figures_page.CLUSTER_REGIONS, {})
+    assert "Not measured yet: `python benchmarks/wheelhouse.py download --save`" in nothing
+    assert "Not measured yet: `python benchmarks/cluster_paths.py --save`" in nothing

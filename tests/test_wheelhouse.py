@@ -2,11 +2,12 @@
 machine, every dependency the GPU check needs but torch, for the node's Python and platform;
 `make gpu-check GPU_PYTHON=...` installs from it with --no-index into the Python that holds the
 node's CUDA torch, then the project (editable, --no-deps), and never installs torch. Checked as
-the commands they would run (dry runs); `make wheelhouse` itself was run once by hand (53
-wheels, 56 MB for Python 3.12 on x86_64)."""
+the commands they would run (dry runs); `make wheelhouse` itself downloads (docs/cluster.md
+shows what it saved with --save)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,26 @@ def test_download_asks_pip_for_wheels_of_the_node_s_python_and_platform(wheelhou
     assert "-m pip download --dest /tmp/wh --only-binary=:all: --python-version 3.12" in cmd
     assert "--platform manylinux2014_aarch64" in cmd and "torch" not in cmd.split()
     assert wheelhouse.main(["download", "--python", "twelve", "--dry-run"]) == 2
+
+
+def test_download_says_and_records_what_the_folder_holds(wheelhouse, capsys, monkeypatch,
+                                                         tmp_path):
+    def pip(cmds, dry_run):   # the wheels pip would have left in --dest
+        dest = Path(cmds[0][cmds[0].index("--dest") + 1])
+        dest.mkdir()
+        for name, size in (("a-1-py3-none-any.whl", 1000), ("b-2-cp312-x86_64.whl", 2500)):
+            (dest / name).write_bytes(b"w" * size)
+        (dest / "notes.txt").write_text("not a wheel")
+        return 0
+    monkeypatch.setattr(wheelhouse, "_run", pip)
+    record = tmp_path / "wheelhouse.json"
+    assert wheelhouse.main(["download", "--dest", str(tmp_path / "wh"), "--record",
+                            str(record)]) == 0
+    assert f"wheelhouse: 2 wheels, 0 MB in {tmp_path / 'wh'}" in capsys.readouterr().out
+    entry = json.loads(record.read_text())["entries"]["python 3.12 x86_64"]
+    assert entry["figures"] == {"python": "3.12", "platform": "x86_64", "wheels": 2,
+                                "bytes": 3500}
+    assert entry["command"].startswith("python benchmarks/wheelhouse.py download --dest ")
 
 
 def test_install_adds_only_what_is_missing_then_the_project(wheelhouse, capsys, monkeypatch,
