@@ -52,7 +52,7 @@ def gpu_check(entries: Entries) -> str | None:
                  + f", lessons {lessons})" if key == "cpu" else
                  f"On {plural(fig['gpus'], 'GPU')} (placement {fig['placement']}, world sizes "
                  f"{', '.join(map(str, fig['worlds']))}, lessons {lessons})")
-        said.append(f"{where} {passed} of {len(fig['steps'])} steps passed in "
+        said.append(f"{where}: {passed} of {len(fig['steps'])} steps passed in "
                     f"{fig['total_s']:.0f} s of its {fig['budget_s']:.0f} s budget: "
                     f"{_steps(fig)}")
     if not said:
@@ -74,6 +74,7 @@ def cluster_paths(entries: Entries) -> str | None:
         values = [run[part] for run in runs]
         med = statistics.median(values)
         fmt = "{:.2f}" if med < 10 else "{:.0f}"
+        spread = span(values, fmt)
         lines.append(f"| {test} | {what} | {fmt.format(med)}"
-                     + (f" ({span(values, fmt)})" if len(values) > 1 else "") + " |")
+                     + (f" ({spread})" if "-" in spread else "") + " |")
     return "\n".join(lines)

@@ -217,12 +217,15 @@ def test_the_cluster_page_figures_come_from_their_entries():
             "(2026-01-02, 2 cores, load average 0.5-0.8; [`benchmarks/wheelhouse.py`]"
             "(../benchmarks/wheelhouse.py) `download --python 3.12 --save`)") in out
     assert out.count("Not yet run on a GPU") == 1
-    assert ("The CPU rehearsal (`--device cpu`, `--quick`, lessons 00) 2 of 3 steps passed in "
+    assert ("The CPU rehearsal (`--device cpu`, `--quick`, lessons 00): 2 of 3 steps passed in "
             "119 s of its 480 s budget: environment 20 s, GPU figures 4 s, grading 95 s "
             "(FAILED)") in out
     assert "Median of 3 runs and range, in seconds:" in out
     # One format per row, chosen by its median: whole seconds from 10 s.
     assert "| 3 lab-01 submissions, 2 array tasks, one summary.csv | 12 (0-30) |" in out
+    same = figures_page.render(page, figures_page.CLUSTER_REGIONS, {**results, "cluster_paths": {
+        "tests": _entry({"runs": runs[1:2] * 2})}})
+    assert "| 3 lab-01 submissions, 2 array tasks, one summary.csv | 30 |" in same  # no range
     assert "load average 9.0-9.2 †" in out              # the busy run is marked
     gpu = {**rehearsal, "figures": {**rehearsal["figures"], "gpus": 1, "placement": "shared"}}
     both = figures_page.render(page, figures_page.CLUSTER_REGIONS,
