@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..arguments import check_int
+from ..comm.flat import gather_into
 from ..cost.compression import code_bits, topk_count
 from .powersgd import completed
 from .quantize import (
@@ -91,11 +92,10 @@ class CompressionState:
 
 def all_gather_flat(payload: Tensor, group: Any = None) -> Tensor:
     """Every rank's ``payload`` (same size everywhere) concatenated in rank order: (p·size,).
-    ``all_gather_single`` where this torch has it (2.13 deprecates ``all_gather_into_tensor``)."""
+    (`toolkit.comm.flat.gather_into`: one name on every torch in range)."""
     world = dist.get_world_size(group)
     out = payload.new_empty(world * payload.numel())
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(out, payload.contiguous(), group=group)
+    gather_into(out, payload.contiguous(), group=group)
     return out
 
 

@@ -64,6 +64,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..comm.flat import gather_into, reduce_scatter_into
 from ..memory import shard_numel
 from .units import ParamInfo, Slot, default_units, unit_parameters
 
@@ -143,8 +144,7 @@ class FlatGroup:
         self._check(State.FREED)
         self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
         src = self.shard.detach().to(self.dtype)  # bf16 compute: cast before sending
-        work = dist.all_gather_into_tensor(self.full.data, src, group=self.group,
-                                           async_op=async_op)
+        work = gather_into(self.full.data, src, group=self.group, async_op=async_op)
         if async_op:
             self.pending = (work, src)
             self.state = State.IN_FLIGHT
@@ -185,7 +185,7 @@ class FlatGroup:
         grad = full.grad.to(self.reduce_dtype)
         full.grad = None
         mine = torch.empty(self.shard_numel, dtype=self.reduce_dtype, device=grad.device)
-        dist.reduce_scatter_tensor(mine, grad, group=self.group)
+        reduce_scatter_into(mine, grad, group=self.group)
         mine = mine.div_(self.world_size).to(self.shard.dtype)
         if self.shard.grad is None:
             self.shard.grad = mine
@@ -197,7 +197,7 @@ class FlatGroup:
         """The full fp32 parameters (a new tensor; for `full_state_dict`)."""
         out = torch.empty(self.world_size * self.shard_numel, dtype=torch.float32,
                           device=self.shard.device)
-        dist.all_gather_into_tensor(out, self.shard.detach().float(), group=self.group)
+        gather_into(out, self.shard.detach().float(), group=self.group)
         return out
 
 

@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from ..comm.flat import gather_into, reduce_scatter_into
 from ..memory import shard_numel
 
 REDUCE = ("reduce_scatter", "all_reduce")
@@ -183,7 +184,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 shard.grad = flat.local(grad)
                 continue
             mine = grad.new_empty(flat.shard_numel)
-            dist.reduce_scatter_tensor(mine, grad, group=self.group)  # (N-1)/N · Ψ
+            reduce_scatter_into(mine, grad, group=self.group)  # (N-1)/N · Ψ
             mine.div_(self.world_size)
             if self.stage == 2:
                 del grad  # the full gradient is gone from here on
@@ -199,7 +200,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for flat in self.flats:
             # Ring all-gather, (N-1)/N · Ψ per rank. The input is copied out first: passing a
             # view of the output itself leaves it to the backend to cope with the aliasing.
-            dist.all_gather_into_tensor(flat.flat, flat.local(flat.flat).clone(), group=self.group)
+            gather_into(flat.flat, flat.local(flat.flat).clone(), group=self.group)
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:

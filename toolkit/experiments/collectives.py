@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from .. import collectives as C
+from ..comm.flat import gather_into, reduce_scatter_into
 from ..cost.models import BUS_FACTOR, COEFFICIENTS, TORCH, algorithms, split_label
 from ..cost.spread import paired_ratios, spread
 from ..launch import device, spawn
@@ -53,11 +54,11 @@ from ..launch import device, spawn
 # torch 2.13 renamed the tensor forms (the old names warn); older releases only have the old ones.
 # Looked up at call time, so that toolkit.comm's recording wrappers are the ones called.
 def _RS_TENSOR(out, inp):
-    return (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, inp)
+    return reduce_scatter_into(out, inp)
 
 
 def _AG_TENSOR(out, inp):
-    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, inp)
+    return gather_into(out, inp)
 
 
 _MAX_CALLS = 200  # back-to-back calls in one trial, at most

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from .. import comm
 from ..arguments import check_int
+from ..comm.flat import reduce_scatter_into
 from ..data_parallel.compression import all_gather_flat
 from ..data_parallel.quantize import block_quantize
 from ..data_parallel.zeropp import quantized_all_gather, quantized_reduce_scatter
@@ -79,7 +80,7 @@ def _exchange(rank: int, world_size: int, task: Task, block: int) -> Exchange:
         out["qgZ"] = quantized_reduce_scatter(grad, bits=4, block=block)
     with comm.recording() as traces["fp32 reduce-scatter"]:
         summed = grad.new_empty(c)
-        (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(summed, grad)
+        reduce_scatter_into(summed, grad)
     exact = {"qwZ": exact_weights, "qgZ": summed / world_size}
     # Bounds: every rank's half-steps for its own shard (qwZ); for qgZ each rank quantized its
     # copy of my chunk with its own scales, so the mean error is within the mean half-step.
