@@ -195,14 +195,29 @@ test-busy: setup browser slurm node  ## run every test with BURNERS (default 1) 
 
 # Every figure of docs/figures.md (and those docs/grading.md argues from), measured with --save
 # into benchmarks/results/ beside the machine's cores and load, then written into the pages
-# (benchmarks/figures_page.py; tests/test_figures_page.py fails when they disagree). The class
-# (BENCH_CLASS lab-01 grades) takes longest: BENCH_CLASS=20 grades a smaller one. Run it on a
+# (benchmarks/figures_page.py; tests/test_figures_page.py fails when they disagree). Run it on a
 # machine as quiet as you can get: the pages say how busy it was.
-BENCH_CLASS ?= 200
 BENCH_COLLECTIVES ?= --sizes 4K:64M:2 --runs 3
+BENCH_MORE :=
+# BEGIN INSTRUCTORS ONLY
+# The grader's, the lessons' and the cluster paths' figures: they grade the reference solutions
+# and the tests' fault corpus, run the lessons with their answers or run the test suite, so
+# only this repository measures them (the student edition shows the instructor's figures).
+# The class (BENCH_CLASS lab-01 grades) takes longest: BENCH_CLASS=20 grades a smaller one.
+BENCH_CLASS ?= 200
 # The corpus's attacks on the grader's memory and on its judges (docs/grading.md's tables).
 BENCH_FAULTS ?= 01_collectives/output_hoard 01_collectives/mark_flood 01_collectives/stack_flood \
   01_collectives/result_alias 06_mixed_precision/broadcast_shapes 02_ddp/traffic_flood
+BENCH_MORE := bench-instructor
+bench-instructor: setup  ## the grader's, the lessons' and the cluster's figures (make bench runs it)
+	$(BIN)/python benchmarks/rank_start.py --save
+	$(BIN)/python benchmarks/grader_footprint.py --save --fault $(BENCH_FAULTS)
+	$(BIN)/python benchmarks/grade_timeout.py --save
+	$(BIN)/python benchmarks/grading.py --class $(BENCH_CLASS) --save
+	$(BIN)/python benchmarks/lesson_resources.py --save
+	$(BIN)/python benchmarks/gpu_check.py --device cpu --quick --lessons 00 --save
+	$(BIN)/python benchmarks/cluster_paths.py --save || test $$? -eq 2  # 2: no root or SLURM here
+# END INSTRUCTORS ONLY
 bench: setup  ## measure every figure (benchmarks/*.py --save), then write docs/figures.md and the lesson map from them
 	$(BIN)/python benchmarks/launch_overhead.py --save
 	$(BIN)/python benchmarks/collectives.py $(BENCH_COLLECTIVES) --save
@@ -211,13 +226,7 @@ bench: setup  ## measure every figure (benchmarks/*.py --save), then write docs/
 	$(BIN)/python benchmarks/fsdp_step.py --save
 	$(BIN)/python benchmarks/memory_measured.py --save
 	$(BIN)/python benchmarks/pipeline_bubbles.py --part all --save
-	$(BIN)/python benchmarks/rank_start.py --save
-	$(BIN)/python benchmarks/grader_footprint.py --save --fault $(BENCH_FAULTS)
-	$(BIN)/python benchmarks/grade_timeout.py --save
-	$(BIN)/python benchmarks/grading.py --class $(BENCH_CLASS) --save
-	$(BIN)/python benchmarks/lesson_resources.py --save
-	$(BIN)/python benchmarks/gpu_check.py --device cpu --quick --lessons 00 --save
-	$(BIN)/python benchmarks/cluster_paths.py --save || test $$? -eq 2  # 2: no root or SLURM here
+	$(if $(BENCH_MORE),$(MAKE) --no-print-directory $(BENCH_MORE))
 	$(BIN)/python benchmarks/lesson_map.py
 	$(BIN)/python benchmarks/figures_page.py
 

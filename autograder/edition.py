@@ -57,6 +57,9 @@ LEFT_OUT = {
     "benchmarks/grading.py": "grades the reference solutions and the tests' fault corpus",
     "benchmarks/grader_footprint.py": "grades the reference solutions",
     "benchmarks/gpu_check.py": "runs the test suite's GPU tests",
+    "benchmarks/grade_timeout.py": "grades the tests' fault corpus",
+    "benchmarks/cluster_paths.py": "runs the test suite's SLURM and torchrun tests",
+    "benchmarks/pytest_phases.py": "cluster_paths.py's pytest plugin",
 }
 """Paths of this repository the student edition does not hold, and why."""
 

@@ -19,6 +19,7 @@ load before and after each run.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -38,15 +39,18 @@ SAVED = {
 
 
 def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("runs", nargs="*", metavar="RUN",
+                    help=f"which saved runs to regenerate: {', '.join(SAVED)} (default: all)")
+    wanted = ap.parse_args(argv).runs or list(SAVED)
+    if unknown := [w for w in wanted if w not in SAVED]:
+        ap.error(f"unknown run(s) {', '.join(unknown)}: choose from {', '.join(SAVED)}")
     spec = importlib.util.spec_from_file_location("bench_collectives",
                                                   ROOT / "benchmarks" / "collectives.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    wanted = argv or list(SAVED)
-    unknown = [w for w in wanted if w not in SAVED]
-    if unknown:
-        print(f"unknown run(s) {unknown}; choose from {', '.join(SAVED)}", file=sys.stderr)
-        return 2
     for key in wanted:
         folder, args = SAVED[key]
         print(f"\n=== {key}: lessons/data/runs/{folder}", flush=True)

@@ -145,6 +145,38 @@ def test_its_grade_commands_work_from_inside_it(edition):
     assert "Hidden checks, which your instructor's grader runs" in graded.stdout
 
 
+HELP_EVERY_SCRIPT = """
+import runpy, sys
+from pathlib import Path
+for path in sorted(Path("benchmarks").glob("*.py")) + sorted(Path("scripts").glob("*.py")):
+    main = '__name__ == "__main__"' in path.read_text()
+    sys.argv = [str(path), "--help"]
+    sys.path.insert(0, str(path.parent.resolve()))   # as `python path` puts its folder first
+    try:
+        runpy.run_path(str(path), run_name="__main__" if main else path.stem)
+    except SystemExit as done:
+        if done.code not in (0, None):
+            raise SystemExit(f"{path} --help: exit {done.code}")
+    print("ok", path)
+"""
+
+
+def test_every_script_it_holds_or_its_makefile_names_runs_inside_it(edition):
+    """A student's `make bench` and every benchmark a lesson points to work in the edition: the
+    scripts its Makefile names are there, and each script there answers --help (its imports
+    resolve inside the edition: nothing reaches for the tests or the hidden checks)."""
+    named = set(re.findall(r"\b((?:benchmarks|scripts)/[\w./-]+\.py)\b",
+                           (edition / "Makefile").read_text()))
+    assert "benchmarks/launch_overhead.py" in named
+    assert not {p for p in named if not (edition / p).is_file()}
+    assert not any(p.startswith(("benchmarks/grading", "benchmarks/cluster_paths"))
+                   for p in named)                    # the instructor's part of `make bench`
+    ran = _run([sys.executable, "-c", HELP_EVERY_SCRIPT], edition, edition)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.count("ok ") == len([*(edition / "benchmarks").glob("*.py"),
+                                           *(edition / "scripts").glob("*.py")])
+
+
 def test_the_workspace_never_overwrites_a_students_work(tmp_path):
     work = tmp_path / "workspace"
     added, kept = release_workspace(work)
