@@ -129,7 +129,9 @@ def measured_by(bench: str, picked: Entries, *, save_last: bool = False) -> str:
     options = sorted({e["command"].removeprefix(f"python {script}").strip()
                       for e in picked.values()})
     line = (lambda o: f"{o} --save") if save_last else (lambda o: f"--save {o}")
-    return f"[`{script}`](../{script}) " + "; ".join(f"`{line(o).strip()}`" for o in options)
+    # Linked where the script is here (the student edition leaves the grader's benchmarks out).
+    name = f"[`{script}`](../{script})" if (ROOT / script).is_file() else f"`{script}`"
+    return f"{name} " + "; ".join(f"`{line(o).strip()}`" for o in options)
 
 
 def sentence(row: Row, results: Results) -> tuple[str, Entries]:
@@ -226,9 +228,13 @@ FIGURES_REGIONS: dict[str, Callable[[str, Results], str]] = {
 
 def render(text: str, regions: dict[str, Callable[[str, Results], str]],
            results: Results) -> str:
-    """`text` with each region's content rewritten from `results` (the markers kept)."""
+    """`text` with each region's content rewritten from `results` (the markers kept). A region
+    whose two markers are both absent is skipped (`absent`: the student edition leaves the
+    instructors' sections out); one marker without the other is refused."""
     for name, write in regions.items():
         begin, end = f"<!-- measured: {name} -->", f"<!-- /measured: {name} -->"
+        if name in absent(text, {name: write}):
+            continue
         if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
             raise ValueError(f"expected one {begin} ... {end} region")
         head, rest = text.split(begin, 1)
@@ -263,6 +269,12 @@ CLUSTER_REGIONS: dict[str, Callable[[str, Results], str]] = {
     "gpu-check": cluster_sentence("gpu_check", cluster.gpu_check),
     "cluster-paths": cluster_table,
 }
+def absent(text: str, regions: dict[str, Callable[[str, Results], str]]) -> list[str]:
+    """The regions of which `text` holds neither marker."""
+    return [name for name in regions if f"<!-- measured: {name} -->" not in text
+            and f"<!-- /measured: {name} -->" not in text]
+
+
 PAGES = ((FIGURES, FIGURES_REGIONS), (GRADING, GRADING_REGIONS), (CLUSTER, CLUSTER_REGIONS))
 
 
@@ -274,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     stale = []
     for page, regions in PAGES:
         text = page.read_text()
+        for name in absent(text, regions):
+            print(f"note: {page.relative_to(ROOT)} has no '{name}' region (not in this "
+                  "edition): not written")
         new = render(text, regions, results)
         if new != text:
             stale.append(page.relative_to(ROOT))

@@ -175,6 +175,11 @@ def test_every_script_it_holds_or_its_makefile_names_runs_inside_it(edition):
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stdout.count("ok ") == len([*(edition / "benchmarks").glob("*.py"),
                                            *(edition / "scripts").glob("*.py")])
+    # `make bench` ends by writing the pages and the lesson map: in the edition they are already
+    # what those scripts write (an instructors' section's region left out is skipped, saying so).
+    for script in ("benchmarks/figures_page.py", "benchmarks/lesson_map.py"):
+        check = _run([sys.executable, script, "--check"], edition, edition)
+        assert check.returncode == 0, (script, check.stdout, check.stderr[-2000:])
 
 
 def test_the_workspace_never_overwrites_a_students_work(tmp_path):

@@ -21,6 +21,8 @@ def test_the_pages_are_written_from_the_saved_measurements(capsys):
     results = figures_page.load()
     for page, regions in figures_page.PAGES:
         text = page.read_text()
+        assert figures_page.absent(text, regions) == [], page  # every region here (the edition
+        # may lack an instructors' section's: tests/test_edition.py)
         assert figures_page.render(text, regions, results) == text, \
             f"{page.relative_to(ROOT)} is not up to date: python benchmarks/figures_page.py"
     assert figures_page.main(["--check"]) == 0
@@ -181,6 +183,11 @@ def test_a_page_without_its_region_is_refused():
     with pytest.raises(ValueError, match="measured: table"):
         figures_page.render(PAGE.replace("<!-- /measured: table -->", ""),
                             figures_page.FIGURES_REGIONS, {})
+    # Both markers gone (a section the student edition left out): skipped, the rest written.
+    without = PAGE.split("<!-- measured: table -->")[0] + "After.\n"
+    assert figures_page.absent(without, figures_page.FIGURES_REGIONS) == ["table"]
+    out = figures_page.render(without, figures_page.FIGURES_REGIONS, {})
+    assert "Nothing has been measured yet" in out and out.endswith("After.\n")
     with pytest.raises(ValueError, match="reference solutions need"):
         figures_page.render(GRADING.replace("reference solutions need", "need"),
                             figures_page.GRADING_REGIONS, {})
