@@ -25,6 +25,7 @@ import hashlib
 import os
 import secrets
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,6 +149,31 @@ def grade(lab: Lab, submission: Path, *, limits: Limits | None = None, landlock:
     if device == "cuda" and not gpus:
         raise ValueError(f"grade: a cuda grade of {lab.info.slug} needs its GPUs (1 to "
                          f"{max_ranks(lab)}; fewer than its ranks are shared), got {gpus!r}")
+    if not _ONE_AT_A_TIME.acquire(blocking=False):
+        if progress is not None:
+            progress("waiting for another grade in this process to end (one at a time: "
+                     "grade in parallel with processes, as `autograder batch --jobs` does)")
+        _ONE_AT_A_TIME.acquire()
+    try:  # the budget starts once this grade has the grader to itself
+        return _grade(lab, submission, limits=limits, landlock=landlock, workbase=workbase,
+                      secret=secret, device=device, gpus=gpus, progress=progress,
+                      unconfined=unconfined)
+    finally:
+        _ONE_AT_A_TIME.release()
+
+
+_ONE_AT_A_TIME = threading.Lock()
+"""One grade at a time in a process. A grade's session treats every child of the grader that it
+did not start and that was there before it as an orphan of its launch (the grader is the
+subreaper its ranks' escaped descendants are given to) and kills it: another thread's fork
+server and ranks would be killed with them, and that grade's checks "not run". Threads wait
+their turn, each with its whole budget; `autograder batch --jobs N` grades in N processes."""
+
+
+def _grade(lab: Lab, submission: Path, *, limits: Limits | None, landlock: bool,
+           workbase: Path | None, secret: int | None, device: str, gpus: list[int] | None,
+           progress: Callable[[str], None] | None, unconfined: bool) -> GradeResult:
+    """`grade`'s body, run with the grader to itself."""
     start = time.monotonic()
     limits = limits or Limits()
     deadline = start + limits.wall_s  # everything below, judging included, ends by it
