@@ -199,9 +199,10 @@ def environment(plan: Plan, out: Path, budget: float) -> bool:
                                timeout=min(120, budget)).stdout.strip() or 0)
     limit = Limits().memory_mb
     facts.update(vm_size_mb=vm_kb // 1024, grader_rank_address_space_mb=limit)
-    print(f"    a process that imported torch maps {vm_kb // 1024} MiB; the grader limits each "
-          f"rank to {limit} MiB of address space (Limits.memory_mb)"
-          + ("  <-- ranks start ABOVE their limit" if vm_kb // 1024 >= limit else ""), flush=True)
+    print(f"    a process that imported torch maps {vm_kb // 1024} MiB; the grader lets each "
+          f"CPU rank map {limit} MiB more than that (Limits.memory_mb on top of "
+          "limits.address_space_now: an absolute cap below it failed every allocation)",
+          flush=True)
     # What the grader's fork server does before it says "ready" (its warm-up runs a backward,
     # which asks CUDA for its GPU count), timed with the GPUs hidden as on a CPU grade: the
     # grader waits for it, silently, up to the grade's whole budget.

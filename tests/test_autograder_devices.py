@@ -6,6 +6,8 @@ GPUs. Grading labs on real GPUs is tests/test_gpu_grading.py (skipped without GP
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -153,8 +155,38 @@ def test_a_cuda_rank_has_no_address_space_cap(monkeypatch):
     monkeypatch.setattr(limits.resource, "setrlimit", lambda which, v: set_to.update({which: v}))
     limits.apply_rlimits(Limits(), 12345, address_space=False)
     assert limits.resource.RLIMIT_AS not in set_to and limits.resource.RLIMIT_NPROC in set_to
+    monkeypatch.setattr(limits, "address_space_now", lambda: 5 << 30)  # a CUDA torch's libraries
     limits.apply_rlimits(Limits(), 12345)
-    assert set_to[limits.resource.RLIMIT_AS][0] == Limits().memory_mb * limits.MB
+    assert set_to[limits.resource.RLIMIT_AS][0] == (5 << 30) + Limits().memory_mb * limits.MB
+
+
+RESERVED_THEN_CAPPED = """
+import mmap, resource, sys
+from autograder.sandbox.limits import MB, Limits, address_space_now, apply_rlimits
+# What a CUDA build of torch does at import on any machine, GPU or not: several GiB of
+# libraries mapped before the rank runs a line (reserved here, as 3 GiB of PROT_NONE).
+held = mmap.mmap(-1, 3 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=0)  # PROT_NONE
+before = address_space_now()
+apply_rlimits(Limits(memory_mb=512), None)
+cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+ok = bytearray(256 * MB)                     # the rank's own allocation, under its 512 MiB
+try:
+    bytearray(1024 * MB)                     # past it: refused
+    print("over: allowed")
+except MemoryError:
+    print("over: MemoryError")
+print(before >= 3 << 30, cap - before == 512 * MB, len(ok) == 256 * MB)
+"""
+
+
+def test_the_address_space_cap_counts_what_the_rank_maps_not_its_libraries():
+    """A CPU grade on a GPU machine: the fork server's CUDA torch has mapped several GiB before a
+    rank starts, and an absolute 2 GiB cap left no allocation possible in any rank. The cap is
+    the rank's own budget on top of what it has mapped: 256 MiB fits, 1 GiB past 512 does not."""
+    done = subprocess.run([sys.executable, "-c", RESERVED_THEN_CAPPED], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["over: MemoryError", "True True True"]
 
 
 def test_the_fork_server_warms_autograd_only_with_the_gpus_hidden(monkeypatch):

@@ -3,7 +3,8 @@
 Layers, each a backstop for the others (a grade must survive anything a submission does):
 
 * **rlimits**, set in each rank before the student's module is imported (`apply_rlimits`) and
-  inherited by anything it starts: address space per process (a memory bomb gets MemoryError),
+  inherited by anything it starts: address space per process, counted from what the rank has
+  mapped when it starts (a memory bomb gets MemoryError; `address_space_now`),
   CPU seconds, file size, open files, processes (RLIMIT_NPROC counts every task of the *user*
   and root ignores it: a grader running as root runs each rank as a uid of its own,
   `sandbox_uid` and `rank_uid`; not root, the limit is the user's task count plus `processes`).
@@ -101,15 +102,31 @@ def _tasks_of_user(uid: int) -> int:
     return count
 
 
+def address_space_now() -> int:
+    """Bytes of address space this process has mapped (/proc/self/statm's size; 0 if unknown)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def apply_rlimits(limits: Limits, uid: int | None, *, address_space: bool = True) -> None:
     """Set this process's rlimits (soft = hard, never above an existing hard limit).
-    ``address_space=False`` (a cuda grade's ranks) leaves RLIMIT_AS alone: the CUDA driver
-    reserves tens of GiB of virtual addresses when it starts (unified addressing), far past any
-    useful cap on what a rank touches; the watchdog's sum of the launch's resident memory and
-    the GPU's own memory bound it instead."""
+
+    RLIMIT_AS is what the rank has mapped now plus ``memory_mb``: the cap is on what the
+    rank's own code maps, not on the libraries the fork server had loaded. A CUDA build of
+    torch maps several GiB of CUDA libraries at import without touching a GPU (a CPU torch,
+    about 0.6 GiB): an absolute 2 GiB cap set below what is already mapped makes every later
+    allocation fail, in every rank of a CPU grade on a GPU machine. ``address_space=False`` (a
+    cuda grade's ranks) leaves RLIMIT_AS alone: the CUDA driver reserves tens of GiB of
+    virtual addresses when it starts (unified addressing), far past any useful cap on what a
+    rank touches; the watchdog's sum of the launch's resident memory and the GPU's own memory
+    bound it instead."""
     nproc = limits.processes if uid is not None else _tasks_of_user(os.getuid()) + limits.processes
     for which, value in (
-        *(((resource.RLIMIT_AS, limits.memory_mb * MB),) if address_space else ()),
+        *(((resource.RLIMIT_AS, address_space_now() + limits.memory_mb * MB),)
+          if address_space else ()),
         (resource.RLIMIT_CPU, limits.cpu_s),
         (resource.RLIMIT_FSIZE, limits.file_mb * MB),
         (resource.RLIMIT_NOFILE, 1024),
@@ -206,6 +223,6 @@ def drop_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset: could not drop the capabilities")
 
 
-__all__ = ["Limits", "MAX_RANKS", "MB", "UID_BASE", "apply_rlimits", "become",
+__all__ = ["Limits", "MAX_RANKS", "MB", "UID_BASE", "address_space_now", "apply_rlimits", "become",
            "capability_sets", "drop_capabilities", "fork_server_preexec", "has_capabilities",
            "rank_uid", "sandbox_uid"]
