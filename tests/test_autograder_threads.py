@@ -17,26 +17,34 @@ pytestmark = pytest.mark.multirank
 
 
 def test_grades_in_threads_of_one_process_take_turns_and_both_pass(tmp_path):
+    """The second grade is started from inside the first (its first progress line: its fork
+    server is up), so the two overlap whatever the scheduler does."""
     lab = small_lab(load_lab(find_lab("01_collectives")), ["ar", "ring4", "bcast"])
     results, heard = {}, {0: [], 1: []}
-    ready = threading.Barrier(2)
+    second_waits = threading.Event()
 
     def one(i: int) -> None:
-        ready.wait()
-        results[i] = grade(lab, REFERENCE, limits=LIMITS, workbase=tmp_path,
-                           progress=heard[i].append)
+        results[i] = grade(lab, REFERENCE, limits=LIMITS, workbase=tmp_path, progress=hear[i])
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
+    def hear_first(line: str) -> None:
+        heard[0].append(line)
+        if len(heard[0]) == 1:
+            second.start()
+            assert second_waits.wait(timeout=120), "the second grade never waited"
+
+    def hear_second(line: str) -> None:
+        heard[1].append(line)
+        if line.startswith("waiting for another grade"):
+            second_waits.set()
+
+    hear = {0: hear_first, 1: hear_second}
+    second = threading.Thread(target=one, args=(1,))
+    one(0)
+    second.join(timeout=600)
     assert sorted(results) == [0, 1]
     for result in results.values():
         assert [c.kind for c in result.checks] == [None] * 3
         for check in result.checks:
             assert_passed(check)
-    waited = [i for i in (0, 1) if heard[i] and heard[i][0].startswith("waiting for another")]
-    assert len(waited) == 1                      # exactly one of them found the other grading
-    other = 1 - waited[0]
-    assert not any(line.startswith("waiting") for line in heard[other])
+    assert heard[1][0].startswith("waiting for another grade in this process")
+    assert not any(line.startswith("waiting") for line in heard[0])
