@@ -240,15 +240,15 @@ def test_driver_live_reads_libcuda_without_loading_it(monkeypatch):
 
 
 def test_fork_is_refused_and_auto_spawns_once_the_driver_is_live(monkeypatch):
-    from toolkit.launch import launcher
+    from toolkit.launch.spawn_arguments import choose_start_method
 
     monkeypatch.setattr(gpus, "driver_live", lambda **_: True)
-    assert launcher._choose_start_method("auto", "gloo") == "spawn"
+    assert choose_start_method("auto", "gloo") == "spawn"
     with pytest.raises(ValueError, match="CUDA driver already initialised"):
-        launcher._choose_start_method("fork", "gloo")
+        choose_start_method("fork", "gloo")
     monkeypatch.setattr(gpus, "driver_live", lambda **_: False)
-    assert launcher._choose_start_method("auto", "gloo") == "fork"
-    assert launcher._choose_start_method("auto", "nccl") == "spawn"
+    assert choose_start_method("auto", "gloo") == "fork"
+    assert choose_start_method("auto", "nccl") == "spawn"
 
 
 # -- the ctypes paths, against stand-ins for NVIDIA's libraries (built here with the C compiler) --

@@ -30,7 +30,8 @@ from .context import (
 )
 from .errors import RankError, SpawnError, SpawnTimeout
 from .gpus import GpuInfo, driver_live, gpu_count, visible_gpus
-from .launcher import DEFAULT_TIMEOUT, START_METHODS, spawn
+from .launcher import DEFAULT_TIMEOUT, spawn
+from .spawn_arguments import START_METHODS
 
 __all__ = [
     "BACKENDS",
