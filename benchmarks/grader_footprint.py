@@ -5,11 +5,11 @@ ranks return, calls and marks it records, bytes waiting for a receive or a reade
 contents kept for the judges). The caps must sit well above what any correct solution needs:
 this script grades each lab's reference solution (every visible and hidden check) and prints,
 for the launch that needed most, each of those figures (stacks: the most stacks of waits one
-rank kept at once), and the grading process's peak RSS (``ru_maxrss``, one fresh process per
-grade). With ``--attack PATH`` it grades a lab-01 submission (the red team's) the same way and
-prints the peak RSS; with ``--fault LAB/NAME`` a fault of the corpus (``tests/faults/LAB/NAME.py``
-appended to the lab's reference, as the fault tests build it) on the lab's visible checks,
-beside the reference's own visible grade (graded once per lab).
+rank kept at once), and the grading process's peak RSS (VmHWM, `watchdog.peak_rss_mib`: one
+fresh process per grade). With ``--attack PATH`` it grades a lab-01 submission (the red team's)
+the same way and prints the peak RSS; with ``--fault LAB/NAME`` a fault of the corpus
+(``tests/faults/LAB/NAME.py`` appended to the lab's reference, as the fault tests build it) on
+the lab's visible checks, beside the reference's own visible grade (graded once per lab).
 
 Usage: python benchmarks/grader_footprint.py [--labs 01,02,...] [--attack DIR_OR_FILE ...]
        [--fault 06_mixed_precision/broadcast_shapes ...] [--save | --record FILE.json]
@@ -40,12 +40,13 @@ ABOUT = ("Per grade (a lab's reference with its hidden checks, keyed by the lab;
          "bytes; calls and marks: counts; stacks: per rank), the failure kinds, the grading "
          "process's peak RSS in MiB and its seconds. benchmarks/grader_footprint.py --save.")
 
-# Run in a fresh interpreter per grade so that ru_maxrss is this grade's alone. The wrappers
+# Run in a fresh interpreter per grade so that its VmHWM is this grade's alone. The wrappers
 # only read the courier's counters (a measurement; the package itself is unchanged).
 _CHILD = r"""
-import json, resource, sys
+import json, sys
 from pathlib import Path
 from autograder.grade import grade
+from autograder.sandbox.watchdog import peak_rss_mib
 from autograder.lab import find_lab, load_lab
 from autograder.sandbox import courier as cm, launch
 
@@ -76,7 +77,7 @@ cm.Courier.__init__, cm.Courier.reply, launch.handle = _init, _reply, _handle
 lab = load_lab(find_lab(sys.argv[1]), hidden=sys.argv[3] == "hidden")
 result = grade(lab, Path(sys.argv[2]))
 print(json.dumps({"score": result.score, "max": result.max_score, "launches": launches[0],
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "rss_mib": peak_rss_mib(),
                   "kinds": sorted({c.kind for c in result.checks if c.kind}), **peaks}))
 """
 

@@ -1,6 +1,8 @@
 """The grader's own memory under the red team's attacks (docs/grading.md, "Grader memory"):
 results returned without end, marks without end, stacks without end. Each grade runs in a
-child process that reports its own peak RSS (``ru_maxrss``): it must stay under a bound,
+child process that reports its own peak RSS (VmHWM, `watchdog.peak_rss_mib`; not
+``ru_maxrss``, which a child inherits from the pytest worker that started it): it must stay
+under a bound,
 where the grader used to reach 3.6 GB (results) and 2.6 GB (marks). The offending checks score
 zero with the limit named, the others full; nothing of the grade is left.
 
@@ -46,10 +48,11 @@ MEMORY_FAULTS = {
 }
 
 _CHILD = """
-import dataclasses, json, resource, sys
+import dataclasses, json, sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from faultkit import LIMITS, small_lab
+from autograder.sandbox.watchdog import peak_rss_mib
 from autograder.grade import grade
 from autograder.lab import find_lab, load_lab
 from autograder.report import to_results_json, validate_results
@@ -61,7 +64,7 @@ limits = dataclasses.replace(LIMITS, wall_s=timeout * len(names) + 60)
 result = grade(lab, Path(sys.argv[1]), limits=limits, workbase=Path(sys.argv[3]))
 problems = validate_results(to_results_json(result))
 print(json.dumps({{"problems": problems, "notes": result.notes,
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "rss_mib": peak_rss_mib(),
                   "checks": [[c.score, c.check.points, c.kind, c.message]
                              for c in result.checks]}}))
 """
@@ -112,14 +115,15 @@ JUDGE_FAULTS = {
 }
 
 _JUDGE_CHILD = """
-import json, resource, sys
+import json, sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from faultkit import grade_fault_on_checks
+from autograder.sandbox.watchdog import peak_rss_mib
 lab_dir, faults, fault, prefixes, tmp = sys.argv[1:6]
 checks = grade_fault_on_checks(Path(lab_dir), Path(faults), fault, json.loads(prefixes),
                                Path(tmp))
-print(json.dumps({{"rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({{"rss_mib": peak_rss_mib(),
                   "checks": [[c.score, c.kind, c.message] for c in checks]}}))
 """
 
@@ -165,3 +169,22 @@ def test_judging_each_launch_as_it_ends_changes_no_result(tmp_path, monkeypatch)
     assert early == late
     assert len(dropped) == 4 and all(d == (True, {}, {}) for d in dropped)
     assert [s[0] for s in early] != [c.points for c in lab.checks]  # the mistake shows
+
+
+def test_the_peak_is_the_child_s_own_not_its_parent_s():
+    """Linux keeps ``ru_maxrss`` across execve: a grader started by a big process (this pytest
+    worker after other tests) reported the worker's peak (650 MiB in CI, failing the bounds
+    above). `peak_rss_mib` reads VmHWM, which starts again at exec."""
+    held = bytearray(400 << 20)
+    for i in range(0, len(held), 4096):
+        held[i] = 1                                       # touched: resident in this process
+    code = ("import json, resource; from autograder.sandbox.watchdog import peak_rss_mib; "
+            "print(json.dumps([peak_rss_mib(), "
+            "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    del held
+    own, inherited = json.loads(done.stdout)
+    # `inherited` is about 400 or more on Linux (the kernel's choice, so not asserted); the
+    # grader's own figure is its interpreter and imports only.
+    assert 0 < own < 200, (own, inherited)

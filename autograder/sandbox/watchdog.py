@@ -118,6 +118,19 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
+def peak_rss_mib() -> float:
+    """This process's own peak resident memory in MiB: /proc/self/status's VmHWM, the high-water
+    mark of its address space since it exec'd. Not ``ru_maxrss``: Linux keeps that across
+    execve, so a process started by a big one (a pytest worker, a benchmark driver; through
+    vfork, even the parent's peak) reports the parent's figure. What the grader's memory is
+    measured by (tests/test_autograder_memory.py, benchmarks/grader_footprint.py)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError("/proc/self/status has no VmHWM line (not Linux?)")
+
+
 def reap(keep: frozenset[int] | set[int]) -> None:
     """Wait for exited children of the grader other than `keep` (orphans it adopted): never
     ``waitpid(-1)``, which could take a status the caller's own code is waiting for."""
@@ -128,4 +141,4 @@ def reap(keep: frozenset[int] | set[int]) -> None:
             pass
 
 
-__all__ = ["LaunchProcesses", "children_of", "over_limits", "reap"]
+__all__ = ["LaunchProcesses", "children_of", "over_limits", "peak_rss_mib", "reap"]
