@@ -9,8 +9,8 @@ zero with the limit named, the others full; nothing of the grade is left.
 The attacks are sized so that keeping what they send (as the grader did before the courier's
 caps and judging each launch as it ends) would pass each fault's bound: 4 launches × 240 MiB
 of results, or 4 launches × 600,000 marks of ~350 B, over 1 GiB; 15,000 stacks of ~32 KB in
-one launch, over 640 MiB. A correct grade of lab 01 peaks at about 250 MiB, the result hoard
-at about 650 MiB (4 ranks' 60 MiB frames being read at once), the others under 300 MiB
+one launch, over 640 MiB. A correct grade of lab 01 peaks at about 230 MiB, the result hoard
+at about 590 MiB (4 ranks' 60 MiB frames being read at once), the others under 300 MiB
 (benchmarks/grader_footprint.py). The stack flood's check gets a long timeout: it ends in a
 deadlock once rank 0 has written every stack, however slowly a loaded machine reads them.
 """
