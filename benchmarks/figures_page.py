@@ -81,6 +81,8 @@ class Row:
     bench: str
     pick: Callable[[Entries], Entries]
     say: Callable[[Entries], str | None]
+    subcommand: str = ""
+    """The script's subcommand that measures, where it has them (``--save`` goes after it)."""
 
 
 ROWS = (
@@ -122,13 +124,13 @@ def load(folder: Path = saved.RESULTS) -> Results:
             for name in {row.bench for row in ROWS} | set(CLUSTER_BENCHES)}
 
 
-def measured_by(bench: str, picked: Entries, *, save_last: bool = False) -> str:
-    """The script, linked, and the command lines that took `picked` (``--save`` first, or last
-    where it belongs to a subcommand)."""
+def measured_by(bench: str, picked: Entries, *, subcommand: str = "") -> str:
+    """The script, linked, and the command lines that took `picked` (``--save`` first, or
+    after the `subcommand` those lines start with)."""
     script = f"benchmarks/{bench}.py"
     options = sorted({e["command"].removeprefix(f"python {script}").strip()
                       for e in picked.values()})
-    line = (lambda o: f"{o} --save") if save_last else (lambda o: f"--save {o}")
+    line = (lambda o: f"{o} --save") if subcommand else (lambda o: f"--save {o}")
     # Linked where the script is here (the student edition leaves the grader's benchmarks out).
     name = f"[`{script}`](../{script})" if (ROOT / script).is_file() else f"`{script}`"
     return f"{name} " + "; ".join(f"`{line(o).strip()}`" for o in options)
@@ -139,7 +141,8 @@ def sentence(row: Row, results: Results) -> tuple[str, Entries]:
     picked = row.pick(results.get(row.bench, {}))
     text = row.say(picked) if picked else None
     if text is None:
-        return f"Not measured yet: `python benchmarks/{row.bench}.py --save`.", {}
+        return (f"Not measured yet: `python benchmarks/{row.bench}.py "
+                f"{row.subcommand + ' ' if row.subcommand else ''}--save`."), {}
     return f"{text.removesuffix('.')} ({say.tag(list(picked.values()))}).", picked
 
 
@@ -182,7 +185,8 @@ def machine(results: Results) -> str:
 def in_grading(row: Row, results: Results) -> str:
     """The row's sentence for a page that argues from it: the script inside the parenthesis."""
     text, picked = sentence(row, results)
-    return text if not picked else f"{text.removesuffix(').')}; {measured_by(row.bench, picked)})."
+    return text if not picked else \
+        f"{text.removesuffix(').')}; {measured_by(row.bench, picked, subcommand=row.subcommand)})."
 
 
 def taken(bench: str, picked: Entries) -> str:
@@ -205,11 +209,14 @@ def judges(old: str, results: Results) -> str:
     return text + "\n\n" + taken("grader_footprint", shown)
 
 
-def timeout(old: str, results: Results) -> str:
-    picked = results.get("grade_timeout", {})
-    text = grader.timeout(picked)
-    return taken("grade_timeout", picked) if text is None else \
-        text + "\n\n" + taken("grade_timeout", picked)
+def table_region(bench: str, write: Callable[[Entries], str | None]
+                 ) -> Callable[[str, Results], str]:
+    """A region that is a whole table (`write`'s, None when nothing is saved), then `taken`."""
+    def region(old: str, results: Results) -> str:
+        picked = results.get(bench, {})
+        text = write(picked) if picked else None
+        return taken(bench, picked) if text is None else text + "\n\n" + taken(bench, picked)
+    return region
 
 
 GRADING_REGIONS: dict[str, Callable[[str, Results], str]] = {
@@ -217,7 +224,7 @@ GRADING_REGIONS: dict[str, Callable[[str, Results], str]] = {
     "courier": courier,
     "attacks": lambda old, r: in_grading(MEMORY_ATTACKS, r),
     "judges": judges,
-    "timeout": timeout,
+    "timeout": table_region("grade_timeout", grader.timeout),
     "class": lambda old, r: in_grading(ROW["grade_class"], r),
 }
 FIGURES_REGIONS: dict[str, Callable[[str, Results], str]] = {
@@ -243,31 +250,11 @@ def render(text: str, regions: dict[str, Callable[[str, Results], str]],
     return text
 
 
-def cluster_sentence(bench: str, write: Callable[[Entries], str | None], *,
-                     command: str = "", save_last: bool = False) -> Callable[[str, Results], str]:
-    """A docs/cluster.md region: `write`'s sentence, then when, where and the command."""
-    def region(old: str, results: Results) -> str:
-        picked = results.get(bench, {})
-        text = write(picked) if picked else None
-        if text is None:
-            return f"Not measured yet: `python benchmarks/{bench}.py {command}--save`."
-        return (f"{text.removesuffix('.')} ({say.tag(list(picked.values()))}; "
-                f"{measured_by(bench, picked, save_last=save_last)}).")
-    return region
-
-
-def cluster_table(old: str, results: Results) -> str:
-    picked = results.get("cluster_paths", {})
-    text = cluster.cluster_paths(picked) if picked else None
-    return taken("cluster_paths", picked) if text is None else \
-        text + "\n\n" + taken("cluster_paths", picked)
-
-
 CLUSTER_REGIONS: dict[str, Callable[[str, Results], str]] = {
-    "wheelhouse": cluster_sentence("wheelhouse", cluster.wheelhouse, command="download ",
-                                   save_last=True),
-    "gpu-check": cluster_sentence("gpu_check", cluster.gpu_check),
-    "cluster-paths": cluster_table,
+    "wheelhouse": lambda old, r: in_grading(
+        Row("", "wheelhouse", everything, cluster.wheelhouse, subcommand="download"), r),
+    "gpu-check": lambda old, r: in_grading(Row("", "gpu_check", everything, cluster.gpu_check), r),
+    "cluster-paths": table_region("cluster_paths", cluster.cluster_paths),
 }
 def absent(text: str, regions: dict[str, Callable[[str, Results], str]]) -> list[str]:
     """The regions of which `text` holds neither marker."""

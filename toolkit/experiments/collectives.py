@@ -51,16 +51,6 @@ from ..cost.spread import paired_ratios, spread
 from ..launch import device, spawn
 
 
-# torch 2.13 renamed the tensor forms (the old names warn); older releases only have the old ones.
-# Looked up at call time, so that toolkit.comm's recording wrappers are the ones called.
-def _RS_TENSOR(out, inp):
-    return reduce_scatter_into(out, inp)
-
-
-def _AG_TENSOR(out, inp):
-    return gather_into(out, inp)
-
-
 _MAX_CALLS = 200  # back-to-back calls in one trial, at most
 COLUMNS = ["collective", "algorithm", "p", "nbytes", "numel", "dtype", "seconds", "q25_seconds",
            "q75_seconds", "min_seconds", "trials", "calls", "baseline", "ratio", "ratio_q25",
@@ -93,8 +83,8 @@ def _runner(collective: str, label: str, b: dict[str, Any]) -> Callable[[], obje
         return {"all_reduce": lambda: dist.all_reduce(full),
                 "broadcast": lambda: dist.broadcast(full, 0),
                 "reduce": lambda: dist.reduce(full, 0),
-                "reduce_scatter": lambda: _RS_TENSOR(piece, full),
-                "all_gather": lambda: _AG_TENSOR(full, piece),
+                "reduce_scatter": lambda: reduce_scatter_into(piece, full),
+                "all_gather": lambda: gather_into(full, piece),
                 "scatter": lambda: dist.scatter(piece, pieces, src=0),
                 "gather": lambda: dist.gather(piece, pieces, dst=0)}[collective]
     if collective in ("scatter", "gather"):
