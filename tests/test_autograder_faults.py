@@ -16,12 +16,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 from faultkit import (FAULTS, LIMITS, REFERENCE, ROOT, assert_failed, assert_passed,
-                      line_of, ring_lines, run_fault, source, submission, survivors)
+                      line_of, ring_lines, run_fault, source, submission, wait_gone)
 
 from autograder.lab import Lab, find_lab, load_lab
 from autograder.sandbox.cgroup import PidsGroup
@@ -227,8 +226,7 @@ def test_fork_bomb_is_stopped_and_nothing_survives(lab01, tmp_path):
     result, by_name = run_fault(lab01, "fork_bomb", ["ar", "tree"], tmp_path)
     assert_failed(by_name["ar"], "process_limit", r"process")
     assert_passed(by_name["tree"])
-    time.sleep(0.5)
-    assert not survivors(tmp_path)
+    assert not wait_gone(tmp_path)  # a killed child's exit is seen later on a loaded machine
 
 
 def test_signals_cannot_leave_the_sandbox(lab01, tmp_path):
