@@ -66,6 +66,7 @@ def _resolve(path: Path, lab: str | None) -> tuple[Path, Path]:
 
 
 def _grade(args) -> int:
+    from . import device_args
     from .devices import resolve_device
     from .grade import grade
     from .report import to_text, write_results
@@ -78,7 +79,7 @@ def _grade(args) -> int:
         resolve_device("cuda", gpus=0, ranks=1)
     try:
         lab = load_lab(lab_dir, hidden=not args.no_hidden)
-        device, gpus = _device(args, lab)
+        device, gpus = device_args.for_grade(args, lab)
         limits = Limits(wall_s=args.timeout) if args.timeout else Limits()
         progress = (lambda line: print(line, file=sys.stderr, flush=True)) if args.progress \
             else None
@@ -101,22 +102,6 @@ def _grade(args) -> int:
     return 0
 
 
-def _device(args, lab) -> tuple[str, list[int]]:
-    """(device, the grade's GPUs) from --device and the GPUs this process was given (counted
-    before `main` hid them), checked against the lab; an error says what to do."""
-    from .devices import resolve_device
-    from .grade import max_ranks
-
-    gpus = args.gpus or []
-    device = resolve_device(args.device, gpus=len(gpus), ranks=max_ranks(lab))
-    if device == "cuda" and "cuda" not in lab.info.devices:
-        if args.device == "cuda":
-            raise ValueError(f"{lab.info.slug} runs on {', '.join(lab.info.devices)} only: "
-                             "grade it with --device cpu")
-        device = "cpu"
-    return device, gpus[:max_ranks(lab)] if device == "cuda" else []
-
-
 def _internal_error(path: Path, detail: str) -> None:
     import json
 
@@ -127,6 +112,7 @@ def _internal_error(path: Path, detail: str) -> None:
 
 
 def _batch(args) -> int:
+    from . import device_args
     from .batch import run_batch
 
     lab_dir = find_lab(args.lab, LABS_ROOT)
@@ -139,55 +125,15 @@ def _batch(args) -> int:
         tasks = None if args.slurm == "auto" else args.slurm
         rows = run_slurm_batch(args.folder, lab_dir, args.out, tasks=tasks,
                                jobs=args.jobs, max_score=lab.max_score,
-                               sbatch_args=args.sbatch, **_slurm_devices(args, lab))
+                               sbatch_args=args.sbatch, **device_args.for_slurm(args, lab))
     else:
-        device, sets = _batch_devices(args, lab)
+        device, sets = device_args.for_batch(args, lab)
         rows = run_batch(args.folder, lab_dir, args.out, jobs=args.jobs, device=device,
                          gpu_sets=sets)
     scores = [float(r["score"]) for r in rows]
     print(f"graded {len(rows)} submissions into {args.out} (summary.csv); "
           f"mean score {sum(scores) / len(scores):.1f}")
     return 0
-
-
-def _slurm_devices(args, lab) -> dict:
-    """--device / --gpus-per-grade for the job array: checked here against the lab (this login
-    node need not have GPUs); each compute node resolves its own GPUs."""
-    from .grade import max_ranks
-
-    if args.device == "cpu":
-        if args.gpus_per_grade:
-            raise ValueError("--gpus-per-grade gives each grade GPUs: add --device cuda (or auto)")
-        return {"device": "cpu"}
-    if "cuda" not in lab.info.devices:
-        if args.device == "cuda":
-            raise ValueError(f"{lab.info.slug} runs on {', '.join(lab.info.devices)} only: "
-                             "grade it with --device cpu")
-        return {"device": "cpu"}
-    per_grade = args.gpus_per_grade or max_ranks(lab)  # fewer: the ranks share them
-    return {"device": args.device, "gpus_per_grade": per_grade}
-
-
-def _batch_devices(args, lab) -> tuple[str, list[list[int]]]:
-    """(device, one GPU set per grade that may run at once) for `batch`."""
-    from .devices import gpu_sets, resolve_device
-    from .grade import max_ranks
-
-    gpus, ranks = args.gpus or [], max_ranks(lab)
-    per_grade = args.gpus_per_grade or ranks
-    if not args.gpus_per_grade and args.device == "cuda" and 0 < len(gpus) < ranks:
-        per_grade = len(gpus)  # every GPU there is, shared by each grade's ranks
-    if args.gpus_per_grade and args.device == "cpu":
-        raise ValueError("--gpus-per-grade gives each grade GPUs: add --device cuda (or auto)")
-    device = resolve_device(args.device, gpus=min(len(gpus), per_grade), ranks=ranks)
-    if device == "cuda" and "cuda" not in lab.info.devices:
-        if args.device == "cuda":
-            raise ValueError(f"{lab.info.slug} runs on {', '.join(lab.info.devices)} only: "
-                             "grade it with --device cpu")
-        device = "cpu"
-    if device == "cpu":
-        return "cpu", []
-    return "cuda", gpu_sets(gpus, per_grade=per_grade, jobs=args.jobs)
 
 
 def _gradescope(args) -> int:
@@ -327,23 +273,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _visible() -> list[int]:
-    from .devices import visible_gpus
-
-    try:
-        return visible_gpus()
-    except ValueError:
-        return []  # an unreadable CUDA_VISIBLE_DEVICES: no GPU (--device cuda then says so)
-
-
 def main(argv: list[str] | None = None) -> int:
     from toolkit.launch.gpus import hidden_cuda_env
+
+    from . import device_args
 
     args = parser().parse_args(argv)
     # The GPUs this process may hand out, counted before hiding them: judges that run toolkit
     # code on ranks in this process (lab 04's pipeline) must pick gloo; a cuda grade's ranks
     # get their set explicitly (autograder.devices).
-    args.gpus = _visible() if getattr(args, "device", "cpu") != "cpu" else []
+    args.gpus = device_args.visible() if getattr(args, "device", "cpu") != "cpu" else []
     os.environ.update(hidden_cuda_env())  # and none of them starts the CUDA driver here
     with _stopped_cleanly():
         try:

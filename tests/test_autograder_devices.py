@@ -241,12 +241,12 @@ def test_cuda_without_gpus_is_a_clear_error_before_anything_starts(tmp_path, cap
 def test_batch_and_slurm_allow_fewer_gpus_per_grade_than_ranks():
     from argparse import Namespace
 
-    from autograder.cli import _batch_devices, _slurm_devices
+    from autograder.device_args import for_batch, for_slurm
 
     lab01 = load_lab(ROOT / "labs" / "01_collectives")  # launches of up to 4 ranks
 
     def batch(gpus, per_grade=None, jobs=2, device="cuda"):
-        return _batch_devices(Namespace(gpus=gpus, gpus_per_grade=per_grade, jobs=jobs,
+        return for_batch(Namespace(gpus=gpus, gpus_per_grade=per_grade, jobs=jobs,
                                         device=device), lab01)
 
     assert batch([0]) == ("cuda", [[0]])  # one GPU: every grade's ranks share it
@@ -254,4 +254,4 @@ def test_batch_and_slurm_allow_fewer_gpus_per_grade_than_ranks():
     assert batch(list(range(8))) == ("cuda", [[0, 1, 2, 3], [4, 5, 6, 7]])
     assert batch([0], device="auto") == ("cpu", [])  # auto: a GPU per rank, else CPU
     args = Namespace(device="cuda", gpus_per_grade=1)
-    assert _slurm_devices(args, lab01) == {"device": "cuda", "gpus_per_grade": 1}
+    assert for_slurm(args, lab01) == {"device": "cuda", "gpus_per_grade": 1}
