@@ -23,6 +23,7 @@ from autograder.lab import find_lab, load_lab
 from autograder.release import MarkerError, release_lab, solution_lines, strip_solutions
 from autograder.report import validate_results, write_results
 from autograder.sandbox import landlock
+from notebooks import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB_DIR = ROOT / "labs" / "01_collectives"
@@ -228,13 +229,12 @@ def test_batch_grades_a_folder_with_a_summary(tmp_path, released):
 @pytest.mark.multirank
 @pytest.mark.parametrize("name", LABS)
 def test_playground_runs_the_reference(name):
-    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("nbclient")
     import nbformat
 
     lab_dir = ROOT / "labs" / name
     nb = nbformat.read(lab_dir / "playground.ipynb", as_version=4)
-    nbclient.NotebookClient(nb, timeout=120,
-                            resources={"metadata": {"path": str(lab_dir)}}).execute()
+    execute(nb, lab_dir, timeout=120, kernel_name=None)
     text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     for sign in ("WRONG", "not written yet", "cannot draw", "Error"):
         assert sign not in text, f"{name}'s playground printed {sign!r} on the reference"

@@ -45,6 +45,7 @@ SHOTS = ROOT / "build" / "browser"
 # failing lesson is always shot. Growing the window to a long notebook's height and encoding
 # the PNG took seconds per lesson on 2 cores, which the suite need not pay on a pass.
 SCREENSHOTS = os.environ.get("BROWSER_SHOTS") == "1"
+START_S = 240              # JupyterLab or a kernel starting on a loaded laptop (as nbval's wait)
 LESSON_TIMEOUT_S = 180.0   # Run All Cells to the last cell, per lesson
 SLIDER_TIMEOUT_S = 30.0    # a slider's redraw runs ranks again: about a second
 SLIDERS = re.compile(r"\b(IntSlider|FloatSlider|FloatLogSlider|SelectionSlider)\b")
@@ -133,7 +134,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         # --port=0 lets the OS pick a free port; the server writes the one it got here.
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + START_S
         while time.monotonic() < deadline and server.poll() is None:
             try:
                 info = json.loads(next((tmp / "runtime").glob("jpserver-*.json")).read_text())
@@ -144,7 +145,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 pass
             time.sleep(0.2)
         else:
-            pytest.fail(f"JupyterLab did not answer within 60 s:\n{log.read_text()[-3000:]}")
+            pytest.fail(f"JupyterLab did not answer within {START_S} s:\n{log.read_text()[-3000:]}")
         yield lab
     finally:
         kill_tree(server)
@@ -204,9 +205,10 @@ def kernel_state(lab: Lab) -> str | None:
 
 def run_all_cells(page: Page, lab: Lab) -> list[str]:
     """Run → Run All Cells, as the lesson tells the student; returns the prompts at the end."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + START_S
     while kernel_state(lab) != "idle":  # the notebook's kernel has started and is ready
-        assert time.monotonic() < deadline, "no kernel within 60 s (does the notebook name one?)"
+        assert time.monotonic() < deadline, \
+            f"no kernel within {START_S} s (does the notebook name one?)"
         time.sleep(0.2)
     page.click(".lm-MenuBar-itemLabel:text-is('Run')")
     page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")

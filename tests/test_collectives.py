@@ -382,10 +382,15 @@ def test_bad_input_raises_a_clear_error(case, words):
 
 
 def test_mismatch_is_found_before_any_payload_moves():
+    """Rank 1 passes 9 elements, ranks 0 and 2 pass 8: ranks 1 and 2 each see a left
+    neighbour that differs and raise before posting any payload. Rank 0's left neighbour
+    (rank 2) agrees with it, so rank 0 may post its first send before the launch is stopped;
+    whether it got that far is the scheduler's business and is not asserted."""
     with comm.recording() as trace:
         with pytest.raises(RankError):
             spawn(_bad_call, 3, "sizes differ", timeout=30)
-    assert not trace.where(op=["isend", "irecv"]).events
+    posted = trace.where(op=["isend", "irecv"])
+    assert not posted.where(rank=1).events and not posted.where(rank=2).events, posted.events
 
 
 def test_outside_a_rank_says_how_to_start_one():

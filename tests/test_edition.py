@@ -16,6 +16,7 @@ import pytest
 from autograder.edition import (LEFT_OUT, _readme, binder_url, marker_lines, release_course,
                                 release_workspace, student_repository)
 from autograder.release import BEGIN, END, solution_lines
+from notebooks import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = sorted(p.parent.name for p in (ROOT / "labs").glob("*/checks.py"))
@@ -205,12 +206,11 @@ STUBBED = sorted(p.name for p in (ROOT / "lessons").glob("*.ipynb") if BEGIN in 
 def test_a_lessons_student_edition_runs_with_its_stubs(edition, name):
     """What a student opens (and the website executes): every exercise still the stub, the
     lesson runs top to bottom and each check says what to fill in."""
-    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("nbclient")
     import nbformat
 
     nb = nbformat.read(edition / "lessons" / name, as_version=4)
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={
-        "metadata": {"path": str(edition / "lessons")}}).execute()
+    execute(nb, edition / "lessons", timeout=300)
     said = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     asked = re.findall(r"Exercise \d+: fill in", said)
     assert asked and not re.search(r"Exercise \d+: correct", said), said[-2000:]

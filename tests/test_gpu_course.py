@@ -21,6 +21,7 @@ import torch
 
 from autograder.lab import load_lab
 from toolkit.launch import context, gpu_count, spawn
+from notebooks import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = sorted(p.parent for p in (ROOT / "labs").glob("*/checks.py"))
@@ -90,13 +91,12 @@ def test_lab_reference_gives_the_same_outputs_on_the_gpus_as_on_the_cpu(lab_dir)
 
 @pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
 def test_lesson_runs_top_to_bottom_on_the_gpus(path, monkeypatch):
-    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("nbclient")
     import nbformat
 
     monkeypatch.setenv("TOOLKIT_DEVICE", "cuda")  # the kernel inherits it: every launch on GPUs
     nb = nbformat.read(path, as_version=4)
-    nbclient.NotebookClient(nb, timeout=900, resources={"metadata": {"path": str(path.parent)}}
-                            ).execute()
+    execute(nb, path.parent, timeout=900, kernel_name=None)
     text = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
                    for c in nb.cells for o in c.get("outputs", []))
     assert "Traceback" not in text
