@@ -104,6 +104,9 @@ def timeout_error(ranks: list[RankProcess], world_size: int, timeout: float,
     return SpawnTimeout("\n".join(lines), timeout=timeout, stuck=stuck, finished=finished)
 
 
+_WORKER = os.path.join("toolkit", "launch", "worker.py")  # in every rank's main-thread stack
+
+
 def _dump_stacks(running: list[RankProcess], board: InflightBoard) -> dict[int, str]:
     """Ask each running rank for its Python stack (faulthandler on SIGUSR1) and read it back."""
     workdir = os.path.dirname(board.path)
@@ -113,18 +116,14 @@ def _dump_stacks(running: list[RankProcess], board: InflightBoard) -> dict[int, 
             os.kill(r.pid, signal.SIGUSR1)
         except ProcessLookupError:
             pass
-    end = time.monotonic() + 1.0
-    while time.monotonic() < end and not all(_size(p) for p in paths.values()):
+    # faulthandler writes a dump line by line from the signal handler, innermost frame first;
+    # a rank preempted mid-dump on a loaded machine finishes it later. A dump is complete enough
+    # once it reaches the worker's own frame (every rank's main thread runs below run_rank):
+    # the rank's frames, all above it, are written by then. 2 s for a rank that never gets there.
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end and not all(_WORKER in _read(p) for p in paths.values()):
         time.sleep(0.02)
-    time.sleep(0.05)  # let the last lines land
     return {rank: _user_frames(_read(p)) for rank, p in paths.items()}
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
 
 
 def _read(path: str) -> str:
