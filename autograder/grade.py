@@ -118,12 +118,16 @@ def plan(lab: Lab, secret: int) -> tuple[list[LaunchPlan], dict[CaseKey, Planned
 def prepare_workdir(files: dict[str, bytes], base: Path | None = None) -> tuple[Path, Path]:
     """A fresh private folder for one grade, with the code the ranks read in ``code/``."""
     workdir = Path(tempfile.mkdtemp(prefix="grade-", dir=base))
-    os.chmod(workdir, 0o711)
-    code = workdir / "code"
-    code.mkdir(mode=0o755)
-    for name, content in files.items():
-        (code / name).write_bytes(content)
-        os.chmod(code / name, 0o644)
+    try:  # a full disk or a SIGTERM (cli's Stopped) while copying leaves no folder behind
+        os.chmod(workdir, 0o711)
+        code = workdir / "code"
+        code.mkdir(mode=0o755)
+        for name, content in files.items():
+            (code / name).write_bytes(content)
+            os.chmod(code / name, 0o644)
+    except BaseException:
+        remove(workdir)
+        raise
     return workdir, code
 
 
@@ -214,14 +218,6 @@ def _grade(lab: Lab, submission: Path, *, limits: Limits | None, landlock: bool,
         result.notes.append(f"Not defined at the top level of {lab.info.student_files[0]}: "
                             f"{', '.join(absent)} (the checks that call them will fail).")
     launches, cases = plan(lab, secrets.randbits(64) if secret is None else secret)
-    workdir, code = prepare_workdir({**files, HARNESS: (lab.path / "harness.py").read_bytes()},
-                                    workbase)
-    job = Job(module=lab.module, code=code, allowed=lab.info.allowed_ops,
-              refusal=lab.info.refusal(), forbidden=list(lab.info.forbidden_imports),
-              toolkit=list(lab.info.sandbox_modules), landlock=landlock,
-              sources={n: b.decode("utf-8", "replace") for n, b in files.items()},
-              device=device, gpus=",".join(str(g) for g in gpus or []) if device == "cuda"
-              else "", unconfined=unconfined)
     budget = f" of {limits.wall_s:g} s"
 
     def on_record(record) -> None:
@@ -231,12 +227,22 @@ def _grade(lab: Lab, submission: Path, *, limits: Limits | None, landlock: bool,
             progress(f"{lab.checks[record.key.check].name} [{record.key.world_size} ranks]: "
                      f"{how} at {time.monotonic() - start:.1f} s")
 
-    try:
+    harness = (lab.path / "harness.py").read_bytes()
+    workdir = None
+    try:  # the folder is made inside: a SIGTERM (cli's Stopped) landing just after leaves none
+        workdir, code = prepare_workdir({**files, HARNESS: harness}, workbase)
+        job = Job(module=lab.module, code=code, allowed=lab.info.allowed_ops,
+                  refusal=lab.info.refusal(), forbidden=list(lab.info.forbidden_imports),
+                  toolkit=list(lab.info.sandbox_modules), landlock=landlock,
+                  sources={n: b.decode("utf-8", "replace") for n, b in files.items()},
+                  device=device, gpus=",".join(str(g) for g in gpus or []) if device == "cuda"
+                  else "", unconfined=unconfined)
         run = run_session(job, launches, limits, workdir, deadline=deadline,
                           on_record=on_record)
     finally:
-        unmount_below(workdir)  # a launch's tmpfs, should a failure have skipped its cleanup
-        remove(workdir)
+        if workdir is not None:
+            unmount_below(workdir)  # a launch's tmpfs, should a failure have skipped its cleanup
+            remove(workdir)
     result.sandbox = run.sandbox
     if unconfined:
         result.notes.insert(0, f"{UNCONFINED}.")

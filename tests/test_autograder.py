@@ -353,3 +353,23 @@ def test_batch_stops_a_grade_past_its_time_and_leaves_nothing(tmp_path, monkeypa
     assert "ran past 8 s" in (tmp_path / "out" / "sleep_forever" / "report.txt").read_text()
     assert not list(work.glob("grade-*"))
     assert not wait_gone(work)
+
+
+def test_a_grade_stopped_while_its_folder_is_made_leaves_no_folder(tmp_path, monkeypatch):
+    """A SIGTERM becomes an exception (cli's Stopped) wherever the grader is: one raised while
+    the grade folder is being filled, or just after it exists and before the ranks start,
+    leaves no grade-* folder behind."""
+    import autograder.grade as grading
+
+    with pytest.raises(FileNotFoundError):  # a file that cannot be written: the copy fails
+        grading.prepare_workdir({"ok.py": b"", "no/such/folder.py": b""}, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+    def stopped(**_):
+        raise KeyboardInterrupt  # as a signal handler's exception would, right after the folder
+
+    monkeypatch.setattr(grading, "Job", stopped)
+    lab = load_lab(ROOT / "labs" / "01_collectives", hidden=False)
+    with pytest.raises(KeyboardInterrupt):
+        grade(lab, ROOT / "labs" / "01_collectives" / "collectives.py", workbase=tmp_path)
+    assert list(tmp_path.iterdir()) == []
