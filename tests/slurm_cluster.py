@@ -2,8 +2,8 @@
 generated configuration in a private folder, stopped (and every job cancelled) at the end.
 
 Needs root and Debian's slurmctld, slurmd, slurm-client and munge (`make slurm` installs them);
-`missing()` says what is not there, so a fixture can skip with that reason. Ports are taken
-free from the OS, the munge socket and key, the state and spool folders live in the folder
+`missing()` says what is not there, so a fixture can skip with that reason. Ports are free ones
+below the ephemeral range (`procs.free_ports`), the munge socket and key, the state and spool folders live in the folder
 given, so two clusters (two engineers' test runs) on one host do not meet. Every wait is
 bounded; the daemons run in the foreground as children of the caller and are ended by pid.
 """
@@ -17,6 +17,8 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+
+from procs import free_ports
 
 COMMANDS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "squeue", "scontrol", "scancel",
             "sinfo")
@@ -35,18 +37,13 @@ def missing() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _config(folder: Path, cpus: int) -> str:
+    controller, node = free_ports(2)
     return "\n".join([
         "ClusterName=coursetest",
         f"SlurmctldHost={NODE}(127.0.0.1)",
-        f"SlurmctldPort={_free_port()}",
-        f"SlurmdPort={_free_port()}",
+        f"SlurmctldPort={controller}",
+        f"SlurmdPort={node}",
         "AuthType=auth/munge",
         f"AuthInfo=socket={folder}/munge/socket",
         "CredType=cred/munge",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import slurm_cluster
+from procs import free_ports
 from torchrun_worker import NUMEL, expected_sum, launch_result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +89,7 @@ def test_the_docs_torchrun_script_runs_a_worker_on_two_processes(cluster, tmp_pa
     (tmp_path / ".venv").symlink_to(ROOT / ".venv")
     done = cluster.run(["sbatch", "--wait", "--parsable", "--nodes=1", f"--chdir={tmp_path}",
                         f"--output={tmp_path}/slurm.out",
-                        f"--export=ALL,GPUS_PER_NODE=2,RDZV_PORT={slurm_cluster._free_port()}",
+                        f"--export=ALL,GPUS_PER_NODE=2,RDZV_PORT={free_ports()[0]}",
                         str(tmp_path / "job.sbatch")], timeout=300)
     log = (tmp_path / "slurm.out").read_text() if (tmp_path / "slurm.out").exists() else ""
     assert done.returncode == 0, done.stdout + done.stderr + log
@@ -104,7 +105,7 @@ def test_the_docs_torchrun_script_runs_a_worker_on_two_processes(cluster, tmp_pa
 def test_two_nodes_through_srun_rendezvous_like_one_launch(cluster, tmp_path):
     # Two srun tasks on the one node, each a torchrun of one process with --nnodes 2: the
     # multi-node rendezvous of docs/cluster.md, both "nodes" on this host.
-    port = slurm_cluster._free_port()
+    port = free_ports()[0]
     node = (f"{ROOT}/.venv/bin/torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d "
             f"--rdzv-endpoint 127.0.0.1:{port} --rdzv-id srun-$SLURM_JOB_ID "
             f"--rdzv-conf join_timeout=120 {WORKER} {tmp_path / 'two'}")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from procs import free_ports
 from torchrun_worker import NUMEL, expected_sum, launch_result, run_all
 
 from toolkit.launch import init_from_env
@@ -59,12 +59,6 @@ def test_init_from_env_outside_torchrun_says_how_to_launch(monkeypatch):
         init_from_env()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.multirank
 def test_two_node_rendezvous_on_one_host_equals_one_launch(tmp_path):
@@ -75,7 +69,7 @@ def test_two_node_rendezvous_on_one_host_equals_one_launch(tmp_path):
     assert single.returncode == 0, single.stdout
     # docs/cluster.md's several-nodes command, both "nodes" on this host: c10d rendezvous on a
     # free port, one process per node.
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_ports()[0]}"
     nodes = [run + ["--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1",
                     "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
                     "--rdzv-id", "two-nodes", "--rdzv-conf", "join_timeout=120",
