@@ -3,9 +3,10 @@ generated configuration in a private folder, stopped (and every job cancelled) a
 
 Needs root and Debian's slurmctld, slurmd, slurm-client and munge (`make slurm` installs them);
 `missing()` says what is not there, so a fixture can skip with that reason. Ports are free ones
-below the ephemeral range (`procs.free_ports`), the munge socket and key, the state and spool folders live in the folder
-given, so two clusters (two engineers' test runs) on one host do not meet. Every wait is
-bounded; the daemons run in the foreground as children of the caller and are ended by pid.
+below the ephemeral range (`procs.free_ports`); the munge socket and key, the state and spool
+folders live in the folder given, so two clusters (two engineers' test runs) on one host do not
+meet. Every wait is bounded; the daemons run in the foreground as children of the caller and
+are ended by pid.
 """
 
 from __future__ import annotations
