@@ -298,8 +298,8 @@ def test_sigterm_stops_a_grade_and_leaves_nothing(tmp_path):
     """A batch's timeout or SLURM's scancel sends SIGTERM: the grader unwinds (its ranks and
     fork server stopped, its grade folder removed), writes a zero results.json that says it was
     stopped, and exits with 128 + 15. The submission's rank 0 sleeps inside the first check, so
-    the grade is mid-launch when the signal comes (we wait for a rank seen in two polls in a row;
-    no timing)."""
+    the grade is mid-launch when the signal comes (we wait for a rank seen in two polls in a row,
+    whatever the time that takes)."""
     from faultkit import submission, survivors, wait_gone
 
     sub = submission("sleep_forever", tmp_path / "subs")
@@ -312,8 +312,9 @@ def test_sigterm_stops_a_grade_and_leaves_nothing(tmp_path):
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # One poll's list is the evidence: polling again could land between two checks' ranks
-        # (a quick check's ranks come and go) and call a running grade "never started". A rank
-        # seen in two polls in a row is one that stays (the sleeping check's), not a passing one.
+        # and call a running grade "never started". A rank seen in two polls in a row says the
+        # launches have begun (here, the first two checks sleep to their timeout); wherever in
+        # the grade the signal then lands, it must unwind the same way.
         before, lasting = set(), set()
         for _ in range(2400):  # up to 240 s for the ranks to start on a busy machine
             now = {line.split()[0] for line in survivors(work)}
