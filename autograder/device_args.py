@@ -37,10 +37,9 @@ def _lab_takes(device: str, args, lab) -> str:
 def for_grade(args, lab) -> tuple[str, list[int]]:
     """(device, the grade's GPUs) for `grade`: all the GPUs it was given, up to one per rank
     of its largest launch."""
-    gpus = args.gpus or []
-    device = _lab_takes(resolve_device(args.device, gpus=len(gpus), ranks=max_ranks(lab)),
-                        args, lab)
-    return device, gpus[:max_ranks(lab)] if device == "cuda" else []
+    gpus, ranks = args.gpus or [], max_ranks(lab)
+    device = _lab_takes(resolve_device(args.device, gpus=len(gpus), ranks=ranks), args, lab)
+    return device, gpus[:ranks] if device == "cuda" else []
 
 
 def for_batch(args, lab) -> tuple[str, list[list[int]]]:

@@ -14,9 +14,10 @@ from pathlib import Path
 WAITS = {"startup_timeout": 240, "iopub_timeout": 60, "raise_on_iopub_timeout": True}
 
 
-def execute(nb, folder: Path, *, timeout: int, kernel_name: str | None = "python3") -> None:
+def execute(nb, folder: Path, *, timeout: int, kernel_name: str | None = None) -> None:
     """Run `nb` (an nbformat notebook, filled with outputs in place) with `folder` as its
-    working folder; `timeout` seconds per cell."""
+    working folder; `timeout` seconds per cell; on the kernel the notebook names unless
+    `kernel_name` is given."""
     import nbclient
 
     extra = {"kernel_name": kernel_name} if kernel_name else {}

@@ -234,7 +234,7 @@ def test_playground_runs_the_reference(name):
 
     lab_dir = ROOT / "labs" / name
     nb = nbformat.read(lab_dir / "playground.ipynb", as_version=4)
-    execute(nb, lab_dir, timeout=120, kernel_name=None)
+    execute(nb, lab_dir, timeout=120)
     text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     for sign in ("WRONG", "not written yet", "cannot draw", "Error"):
         assert sign not in text, f"{name}'s playground printed {sign!r} on the reference"

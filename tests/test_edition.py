@@ -210,7 +210,7 @@ def test_a_lessons_student_edition_runs_with_its_stubs(edition, name):
     import nbformat
 
     nb = nbformat.read(edition / "lessons" / name, as_version=4)
-    execute(nb, edition / "lessons", timeout=300)
+    execute(nb, edition / "lessons", timeout=300, kernel_name="python3")
     said = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     asked = re.findall(r"Exercise \d+: fill in", said)
     assert asked and not re.search(r"Exercise \d+: correct", said), said[-2000:]

@@ -96,7 +96,7 @@ def test_lesson_runs_top_to_bottom_on_the_gpus(path, monkeypatch):
 
     monkeypatch.setenv("TOOLKIT_DEVICE", "cuda")  # the kernel inherits it: every launch on GPUs
     nb = nbformat.read(path, as_version=4)
-    execute(nb, path.parent, timeout=900, kernel_name=None)
+    execute(nb, path.parent, timeout=900)
     text = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
                    for c in nb.cells for o in c.get("outputs", []))
     assert "Traceback" not in text

@@ -104,7 +104,9 @@ def timeout_error(ranks: list[RankProcess], world_size: int, timeout: float,
     return SpawnTimeout("\n".join(lines), timeout=timeout, stuck=stuck, finished=finished)
 
 
-_WORKER = os.path.join("toolkit", "launch", "worker.py")  # in every rank's main-thread stack
+# The launcher's frames: below them a rank's stack is the launcher's, not the rank's own code
+# (every rank's main thread runs below worker.run_rank).
+_LAUNCHER = os.path.join("toolkit", "launch") + os.sep
 
 
 def _dump_stacks(running: list[RankProcess], board: InflightBoard) -> dict[int, str]:
@@ -118,10 +120,10 @@ def _dump_stacks(running: list[RankProcess], board: InflightBoard) -> dict[int, 
             pass
     # faulthandler writes a dump line by line from the signal handler, innermost frame first;
     # a rank preempted mid-dump on a loaded machine finishes it later. A dump is complete enough
-    # once it reaches the worker's own frame (every rank's main thread runs below run_rank):
-    # the rank's frames, all above it, are written by then. 2 s for a rank that never gets there.
+    # once it reaches a launcher frame, where `_user_frames` stops reading: the rank's own
+    # frames, all above it, are written by then. 2 s for a rank that never gets there.
     end = time.monotonic() + 2.0
-    while time.monotonic() < end and not all(_WORKER in _read(p) for p in paths.values()):
+    while time.monotonic() < end and not all(_LAUNCHER in _read(p) for p in paths.values()):
         time.sleep(0.02)
     return {rank: _user_frames(_read(p)) for rank, p in paths.items()}
 
@@ -141,7 +143,6 @@ def _user_frames(dump: str) -> str:
     are dropped; the launcher's frame marks the bottom of the rank's work (below it, a forked
     rank still carries a copy of the caller's stack, which did not run here).
     """
-    launcher = os.path.join("toolkit", "launch") + os.sep
     noise = (os.path.join("toolkit", "comm") + os.sep,
              os.path.join("torch", "distributed") + os.sep)
     frames: list[str] = []
@@ -151,7 +152,7 @@ def _user_frames(dump: str) -> str:
             break  # only the first (signalled) thread: the rank's main thread
         if not line.startswith("File "):
             continue
-        if launcher in line:
+        if _LAUNCHER in line:
             break
         if not any(s in line for s in noise):
             frames.append(line)
